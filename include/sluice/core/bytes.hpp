@@ -1,0 +1,151 @@
+#pragma once
+// sluice::bytes: a reference-counted, read-only slice of a buffer.
+// sluice::buffer_pool: recycles large buffers so steady-state reading allocates nothing.
+//
+// Fetched chunks are read once into pooled buffers; records are slices of those chunks
+// (no copy), and the buffer goes back to its pool when the last slice referring to it is
+// destroyed. A slice that would keep a big buffer alive for a long time for a few bytes
+// (a shuffle buffer holding one small record of each chunk) is compacted: copied out into
+// a buffer of its own, so memory stays bounded by what is actually held.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace sluice {
+
+/// A block of writable memory of fixed capacity; handed out by a buffer_pool.
+class buffer {
+public:
+    explicit buffer(std::size_t capacity)
+        : data_(new std::byte[capacity]), capacity_(capacity) {}  // not zeroed: filled by I/O
+    std::byte* data() noexcept { return data_.get(); }
+    const std::byte* data() const noexcept { return data_.get(); }
+    std::size_t capacity() const noexcept { return capacity_; }
+
+private:
+    std::unique_ptr<std::byte[]> data_;
+    std::size_t capacity_;
+};
+
+/// Where buffers come from. The default recycles heap buffers; the cuda layer provides a
+/// pinned pool with the same interface, so a stage that allocates through it (batch)
+/// collates straight into page-locked memory.
+class buffer_source {
+public:
+    virtual ~buffer_source() = default;
+    /// A buffer of at least `size` bytes, returned to its source when the last owner drops
+    /// it.
+    virtual std::shared_ptr<buffer> allocate(std::size_t size) = 0;
+};
+
+/// Recycles freed buffers (up to `max_cached_bytes` of them) and hands them out again for
+/// requests of at most their capacity and at least half of it.
+class buffer_pool final : public buffer_source, public std::enable_shared_from_this<buffer_pool> {
+public:
+    static std::shared_ptr<buffer_pool> create(std::size_t max_cached_bytes = 64 << 20) {
+        return std::shared_ptr<buffer_pool>(new buffer_pool(max_cached_bytes));
+    }
+
+    std::shared_ptr<buffer> allocate(std::size_t size) override {
+        std::unique_ptr<buffer> b;
+        {
+            std::lock_guard lock(m_);
+            auto it = std::find_if(free_.begin(), free_.end(), [&](const auto& f) {
+                return f->capacity() >= size && f->capacity() / 2 <= size;
+            });
+            if (it != free_.end()) {
+                b = std::move(*it);
+                *it = std::move(free_.back());
+                free_.pop_back();
+                cached_ -= b->capacity();
+            }
+        }
+        if (!b) b = std::make_unique<buffer>(size);
+        // The deleter holds a weak reference: buffers may outlive the pool.
+        return std::shared_ptr<buffer>(b.release(), [w = weak_from_this()](buffer* p) {
+            if (auto pool = w.lock()) pool->recycle(std::unique_ptr<buffer>(p));
+            else delete p;
+        });
+    }
+
+    std::size_t cached_bytes() const {
+        std::lock_guard lock(m_);
+        return cached_;
+    }
+
+private:
+    explicit buffer_pool(std::size_t max_cached) : max_cached_(max_cached) {}
+    void recycle(std::unique_ptr<buffer> b) {
+        std::lock_guard lock(m_);
+        if (cached_ + b->capacity() > max_cached_) return;  // b freed on return
+        cached_ += b->capacity();
+        free_.push_back(std::move(b));
+    }
+    mutable std::mutex m_;
+    std::vector<std::unique_ptr<buffer>> free_;
+    std::size_t cached_ = 0;
+    const std::size_t max_cached_;
+};
+
+/// A read-only view of bytes that keeps its buffer alive.
+class bytes {
+public:
+    bytes() = default;
+    bytes(std::shared_ptr<const buffer> owner, const std::byte* data, std::size_t size) noexcept
+        : owner_(std::move(owner)), data_(data), size_(size) {}
+    /// The first `size` bytes of `owner`.
+    bytes(std::shared_ptr<const buffer> owner, std::size_t size) noexcept
+        : data_(owner ? owner->data() : nullptr), size_(size) {
+        owner_ = std::move(owner);
+    }
+
+    /// A copy of `s` in a buffer of its own.
+    static bytes copy_of(std::span<const std::byte> s) {
+        auto b = std::make_shared<buffer>(s.size() ? s.size() : 1);
+        if (!s.empty()) std::memcpy(b->data(), s.data(), s.size());
+        return bytes(std::move(b), s.size());
+    }
+    static bytes copy_of(std::string_view s) {
+        return copy_of(std::as_bytes(std::span<const char>(s.data(), s.size())));
+    }
+
+    const std::byte* data() const noexcept { return data_; }
+    std::size_t size() const noexcept { return size_; }
+    bool empty() const noexcept { return size_ == 0; }
+    std::size_t byte_size() const noexcept { return size_; }
+    std::span<const std::byte> span() const noexcept { return {data_, size_}; }
+    std::string_view view() const noexcept {
+        return {reinterpret_cast<const char*>(data_), size_};
+    }
+    const std::byte* begin() const noexcept { return data_; }
+    const std::byte* end() const noexcept { return data_ + size_; }
+
+    /// A sub-slice sharing the same buffer.
+    bytes slice(std::size_t offset, std::size_t count) const noexcept {
+        return bytes(owner_, data_ + offset, count);
+    }
+    /// Capacity of the buffer this slice keeps alive.
+    std::size_t owner_capacity() const noexcept { return owner_ ? owner_->capacity() : 0; }
+    /// How many slices share the buffer (for tests and diagnostics).
+    long owner_use_count() const noexcept { return owner_.use_count(); }
+
+    /// Copy out when this slice holds less than `1/ratio` of its buffer, so a long-lived
+    /// small slice does not pin a large chunk.
+    bytes compact(std::size_t ratio = 4) const {
+        if (owner_ && size_ * ratio < owner_->capacity()) return copy_of(span());
+        return *this;
+    }
+
+private:
+    std::shared_ptr<const buffer> owner_;
+    const std::byte* data_ = nullptr;
+    std::size_t size_ = 0;
+};
+
+}  // namespace sluice

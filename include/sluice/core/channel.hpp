@@ -1,0 +1,401 @@
+#pragma once
+// sluice::channel<T>: the bounded multi-producer multi-consumer queue between stages.
+//
+// Rules (each has a test in tests/unit/core/channel.cpp):
+// - send suspends while the channel is full (in items, or in bytes when a byte budget is
+//   set); receive suspends while it is empty.
+// - Producers register with add_producer() and finish with producer_done(); when the last
+//   one is done the channel closes. A closed channel still delivers everything it
+//   buffered, then "end" (an empty optional). Asio 1.22's channel drops buffered items on
+//   close, which is why this one is our own.
+// - An error passed to producer_done()/close() reaches receivers after the buffered items,
+//   as an exception thrown from receive.
+// - cancel() is the consumer saying "stop": buffered items are destroyed, every waiting
+//   sender and receiver wakes, later sends fail (return false) and later receives end.
+// - One item larger than the byte budget is admitted when the channel is empty, so an
+//   oversized item slows the pipeline down instead of deadlocking it.
+//
+// Suspended coroutines are resumed by posting to their own executor; ordinary threads
+// (the trainer's) block on a condition variable with send_blocking/receive_blocking.
+// Everything is guarded by one mutex: a hop costs one uncontended lock on the fast path.
+
+#include <sluice/core/task.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <concepts>
+#include <condition_variable>
+#include <coroutine>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace sluice {
+
+/// How many bytes an item holds, for channels with a byte budget: the item's
+/// `byte_size()` member if it has one, the length of a std::string, otherwise 0.
+template <class T>
+std::size_t byte_size_of(const T& v) {
+    if constexpr (requires {
+                      { v.byte_size() } -> std::convertible_to<std::size_t>;
+                  })
+        return static_cast<std::size_t>(v.byte_size());
+    else if constexpr (std::is_same_v<T, std::string>)
+        return v.size();
+    else
+        return 0;
+}
+
+/// Capacity of a channel: at most `items` items and, when `bytes` is non-zero, at most
+/// `bytes` bytes (as counted by byte_size_of).
+struct channel_limits {
+    std::size_t items = 64;
+    std::size_t bytes = 0;
+};
+
+namespace detail {
+inline std::uint64_t now_ns() noexcept {
+    return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                          std::chrono::steady_clock::now().time_since_epoch())
+                                          .count());
+}
+struct waiter {
+    waiter* next = nullptr;
+    std::coroutine_handle<> h;
+    executor ex;
+    std::condition_variable* cv = nullptr;
+    bool woken = false;
+    // Called with the channel's mutex held; the waiter may be gone as soon as the
+    // coroutine resumes, so copy what we need before posting.
+    void wake() {
+        woken = true;
+        if (cv) {
+            cv->notify_one();
+        } else {
+            auto handle = h;
+            auto e = ex;
+            detail::resume_on(e, handle);
+        }
+    }
+};
+template <class W>
+struct waiter_queue {
+    W* head = nullptr;
+    W* tail = nullptr;
+    bool empty() const noexcept { return head == nullptr; }
+    void push(W* w) noexcept {
+        w->next = nullptr;
+        if (tail)
+            tail->next = w;
+        else
+            head = w;
+        tail = w;
+    }
+    W* pop() noexcept {
+        W* w = head;
+        head = static_cast<W*>(w->next);
+        if (!head) tail = nullptr;
+        return w;
+    }
+};
+}  // namespace detail
+
+template <class T>
+class channel {
+public:
+    explicit channel(channel_limits limits = {})
+        : limits_{limits.items ? limits.items : 1, limits.bytes}, ring_(limits_.items) {}
+    channel(const channel&) = delete;
+    channel& operator=(const channel&) = delete;
+
+    // ---- producer side -------------------------------------------------------------
+
+    /// Register `n` more producers; the channel closes when as many producer_done() calls
+    /// have been made.
+    void add_producer(std::size_t n = 1) {
+        std::lock_guard lock(m_);
+        producers_ += n;
+    }
+
+    /// A producer has finished; `error`, if any, reaches receivers after the buffered
+    /// items (the first error wins).
+    void producer_done(std::exception_ptr error = nullptr) {
+        std::lock_guard lock(m_);
+        if (error && !error_) error_ = error;
+        if (producers_ > 0 && --producers_ == 0) close_locked();
+    }
+
+    /// Close now: no more sends; receivers get what is buffered, then end or `error`.
+    void close(std::exception_ptr error = nullptr) {
+        std::lock_guard lock(m_);
+        if (error && !error_) error_ = error;
+        close_locked();
+    }
+
+    class send_awaiter;
+    /// `co_await ch.send(v)`: true once the channel took the item, false when it was
+    /// cancelled or closed (the item is then destroyed). `wait_ns`, if given, accumulates
+    /// the time spent suspended waiting for room.
+    send_awaiter send(T v, std::atomic<std::uint64_t>* wait_ns = nullptr) {
+        return send_awaiter{*this, std::move(v), wait_ns};
+    }
+
+    /// Blocking send for an ordinary thread.
+    bool send_blocking(T v) {
+        std::unique_lock lock(m_);
+        if (int r = try_send_locked(v); r >= 0) return r == 1;
+        std::condition_variable cv;
+        send_waiter w;
+        w.cv = &cv;
+        w.item = &v;
+        w.weight = weigh(v);
+        senders_.push(&w);
+        cv.wait(lock, [&] { return w.woken; });
+        return w.ok;
+    }
+
+    // ---- consumer side -------------------------------------------------------------
+
+    class receive_awaiter;
+    /// `co_await ch.receive()`: the next item, or an empty optional at the end (after
+    /// close or cancel). Throws the producer's error once the buffered items are drained.
+    /// `index`, if given, receives the item's position in the order items left the
+    /// channel (0, 1, 2, ...), which ordered stages use to restore input order.
+    receive_awaiter receive(std::atomic<std::uint64_t>* wait_ns = nullptr,
+                            std::uint64_t* index = nullptr) {
+        return receive_awaiter{*this, wait_ns, index};
+    }
+
+    /// Blocking receive for an ordinary thread (the trainer's).
+    std::optional<T> receive_blocking(std::atomic<std::uint64_t>* wait_ns = nullptr) {
+        std::optional<T> out;
+        std::unique_lock lock(m_);
+        std::exception_ptr err;
+        if (try_receive_locked(out, nullptr, err)) {
+            if (err) std::rethrow_exception(err);
+            return out;
+        }
+        std::condition_variable cv;
+        recv_waiter w;
+        w.cv = &cv;
+        w.slot = &out;
+        receivers_.push(&w);
+        const auto t0 = wait_ns ? detail::now_ns() : 0;
+        cv.wait(lock, [&] { return w.woken; });
+        if (wait_ns) wait_ns->fetch_add(detail::now_ns() - t0, std::memory_order_relaxed);
+        if (!out && w.error) std::rethrow_exception(w.error);
+        return out;
+    }
+
+    /// The consumer stops: drop what is buffered and wake everyone; later sends fail.
+    void cancel() {
+        std::lock_guard lock(m_);
+        if (cancelled_) return;
+        cancelled_ = true;
+        while (count_ > 0) pop_locked();
+        while (!senders_.empty()) senders_.pop()->wake();  // ok stays false
+        while (!receivers_.empty()) receivers_.pop()->wake();
+    }
+
+    // ---- observers -------------------------------------------------------------------
+    bool cancelled() const {
+        std::lock_guard lock(m_);
+        return cancelled_;
+    }
+    bool closed() const {
+        std::lock_guard lock(m_);
+        return closed_;
+    }
+    std::size_t size() const {
+        std::lock_guard lock(m_);
+        return count_;
+    }
+    std::size_t buffered_bytes() const {
+        std::lock_guard lock(m_);
+        return bytes_;
+    }
+    channel_limits limits() const noexcept { return limits_; }
+
+private:
+    struct send_waiter : detail::waiter {
+        T* item = nullptr;
+        std::size_t weight = 0;
+        bool ok = false;
+    };
+    struct recv_waiter : detail::waiter {
+        std::optional<T>* slot = nullptr;
+        std::uint64_t* index = nullptr;
+        std::exception_ptr error;
+    };
+
+    std::size_t weigh(const T& v) const { return limits_.bytes ? byte_size_of(v) : 0; }
+    bool has_room(std::size_t w) const noexcept {
+        return count_ < limits_.items &&
+               (limits_.bytes == 0 || count_ == 0 || bytes_ + w <= limits_.bytes);
+    }
+    void push_locked(T&& v, std::size_t w) {
+        ring_[(head_ + count_) % ring_.size()].emplace(std::move(v));
+        ++count_;
+        bytes_ += w;
+    }
+    T pop_locked() {
+        auto& slot = ring_[head_];
+        T v = std::move(*slot);
+        slot.reset();
+        head_ = (head_ + 1) % ring_.size();
+        --count_;
+        bytes_ -= weigh(v);
+        return v;
+    }
+    void close_locked() {
+        if (closed_) return;
+        closed_ = true;
+        // Senders still waiting cannot be admitted any more.
+        while (!senders_.empty()) senders_.pop()->wake();
+        if (count_ == 0) wake_receivers_at_end();
+    }
+    void wake_receivers_at_end() {
+        while (!receivers_.empty()) {
+            auto* w = receivers_.pop();
+            if (!cancelled_) w->error = error_;
+            w->wake();
+        }
+    }
+    // 1: sent, 0: failed (cancelled/closed), -1: must wait.
+    int try_send_locked(T& v) {
+        if (cancelled_ || closed_) return 0;
+        if (!receivers_.empty()) {  // the buffer is empty: hand over directly
+            auto* w = receivers_.pop();
+            w->slot->emplace(std::move(v));
+            if (w->index) *w->index = popped_;
+            ++popped_;
+            w->wake();
+            return 1;
+        }
+        const auto weight = weigh(v);
+        if (has_room(weight)) {
+            push_locked(std::move(v), weight);
+            return 1;
+        }
+        return -1;
+    }
+    // true: done (out filled, or end with err possibly set); false: must wait.
+    bool try_receive_locked(std::optional<T>& out, std::uint64_t* index,
+                            std::exception_ptr& err) {
+        if (count_ > 0) {
+            out.emplace(pop_locked());
+            if (index) *index = popped_;
+            ++popped_;
+            admit_senders();
+            if (count_ == 0 && closed_) wake_receivers_at_end();
+            return true;
+        }
+        if (closed_ || cancelled_) {
+            if (!cancelled_) err = error_;
+            return true;
+        }
+        return false;
+    }
+    void admit_senders() {
+        while (!senders_.empty() && has_room(senders_.head->weight)) {
+            auto* w = senders_.pop();
+            push_locked(std::move(*w->item), w->weight);
+            w->ok = true;
+            w->wake();
+        }
+    }
+
+public:
+    class send_awaiter {
+    public:
+        send_awaiter(channel& ch, T&& v, std::atomic<std::uint64_t>* wait_ns)
+            : ch_(ch), item_(std::move(v)), wait_ns_(wait_ns) {}
+        bool await_ready() {
+            lock_ = std::unique_lock(ch_.m_);
+            const int r = ch_.try_send_locked(item_);
+            if (r < 0) return false;  // keep the lock until await_suspend queues us
+            w_.ok = r == 1;
+            lock_.unlock();
+            return true;
+        }
+        template <class P>
+        void await_suspend(std::coroutine_handle<P> h) {
+            w_.h = h;
+            w_.ex = h.promise().ex;
+            w_.item = &item_;
+            w_.weight = ch_.weigh(item_);
+            if (wait_ns_) t0_ = detail::now_ns();
+            ch_.senders_.push(&w_);
+            lock_.unlock();
+        }
+        bool await_resume() {
+            if (t0_) wait_ns_->fetch_add(detail::now_ns() - t0_, std::memory_order_relaxed);
+            return w_.ok;
+        }
+
+    private:
+        channel& ch_;
+        T item_;
+        std::atomic<std::uint64_t>* wait_ns_;
+        std::uint64_t t0_ = 0;
+        std::unique_lock<std::mutex> lock_;
+        send_waiter w_;
+    };
+
+    class receive_awaiter {
+    public:
+        receive_awaiter(channel& ch, std::atomic<std::uint64_t>* wait_ns, std::uint64_t* index)
+            : ch_(ch), wait_ns_(wait_ns), index_(index) {}
+        bool await_ready() {
+            lock_ = std::unique_lock(ch_.m_);
+            if (!ch_.try_receive_locked(out_, index_, w_.error)) return false;
+            lock_.unlock();
+            return true;
+        }
+        template <class P>
+        void await_suspend(std::coroutine_handle<P> h) {
+            w_.h = h;
+            w_.ex = h.promise().ex;
+            w_.slot = &out_;
+            w_.index = index_;
+            if (wait_ns_) t0_ = detail::now_ns();
+            ch_.receivers_.push(&w_);
+            lock_.unlock();
+        }
+        std::optional<T> await_resume() {
+            if (t0_) wait_ns_->fetch_add(detail::now_ns() - t0_, std::memory_order_relaxed);
+            if (!out_ && w_.error) std::rethrow_exception(w_.error);
+            return std::move(out_);
+        }
+
+    private:
+        channel& ch_;
+        std::atomic<std::uint64_t>* wait_ns_;
+        std::uint64_t* index_;
+        std::uint64_t t0_ = 0;
+        std::unique_lock<std::mutex> lock_;
+        std::optional<T> out_;
+        recv_waiter w_;
+    };
+
+private:
+    mutable std::mutex m_;
+    const channel_limits limits_;
+    std::vector<std::optional<T>> ring_;
+    std::size_t head_ = 0;
+    std::size_t count_ = 0;
+    std::size_t bytes_ = 0;
+    std::uint64_t popped_ = 0;
+    std::size_t producers_ = 0;
+    bool closed_ = false;
+    bool cancelled_ = false;
+    std::exception_ptr error_;
+    detail::waiter_queue<send_waiter> senders_;
+    detail::waiter_queue<recv_waiter> receivers_;
+};
+
+}  // namespace sluice

@@ -1,0 +1,83 @@
+#pragma once
+// Turnstile: lets the N workers of an ordered stage emit in input order. Worker with
+// ticket i waits until tickets 0..i-1 are done; done(i) lets ticket i+1 through.
+// cancel() wakes every waiter with a stop, so shutdown never waits on a turn.
+
+#include <sluice/core/channel.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+namespace sluice::detail {
+
+/// Thrown inside a stage worker when the pipeline stops under it (a send to a cancelled
+/// channel, a cancelled turn); the stage runner treats it as a clean stop, not an error.
+struct stopped {};
+
+class turnstile {
+    struct turn_waiter : waiter {
+        std::uint64_t ticket = 0;
+        bool ok = false;
+    };
+
+public:
+    class awaiter {
+    public:
+        awaiter(turnstile& t, std::uint64_t ticket) : t_(t) { w_.ticket = ticket; }
+        bool await_ready() {
+            lock_ = std::unique_lock(t_.m_);
+            if (t_.cancelled_ || t_.next_ == w_.ticket) {
+                w_.ok = !t_.cancelled_;
+                lock_.unlock();
+                return true;
+            }
+            return false;
+        }
+        template <class P>
+        void await_suspend(std::coroutine_handle<P> h) {
+            w_.h = h;
+            w_.ex = h.promise().ex;
+            t_.waiting_.push_back(&w_);
+            lock_.unlock();
+        }
+        void await_resume() const {
+            if (!w_.ok) throw stopped{};
+        }
+
+    private:
+        turnstile& t_;
+        std::unique_lock<std::mutex> lock_;
+        turn_waiter w_;
+    };
+
+    awaiter wait(std::uint64_t ticket) { return awaiter{*this, ticket}; }
+
+    void done(std::uint64_t ticket) {
+        std::lock_guard lock(m_);
+        next_ = ticket + 1;
+        auto it = std::find_if(waiting_.begin(), waiting_.end(),
+                               [&](turn_waiter* w) { return w->ticket == next_; });
+        if (it == waiting_.end()) return;
+        auto* w = *it;
+        waiting_.erase(it);
+        w->ok = true;
+        w->wake();
+    }
+
+    void cancel() {
+        std::lock_guard lock(m_);
+        cancelled_ = true;
+        for (auto* w : waiting_) w->wake();  // ok stays false
+        waiting_.clear();
+    }
+
+private:
+    std::mutex m_;
+    std::uint64_t next_ = 0;
+    bool cancelled_ = false;
+    std::vector<turn_waiter*> waiting_;
+};
+
+}  // namespace sluice::detail

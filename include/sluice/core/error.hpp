@@ -1,0 +1,45 @@
+#pragma once
+// sluice::error: what the library throws and sends downstream in-band. The message names
+// what failed and where (path or URL, byte offset, status); credentials never appear.
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+
+namespace sluice {
+
+class error : public std::runtime_error {
+public:
+    explicit error(const std::string& what, std::error_code code = {})
+        : std::runtime_error(what), code_(code) {}
+    /// The underlying condition (an errno, and in later layers curl, HTTP or CUDA codes).
+    std::error_code code() const noexcept { return code_; }
+
+private:
+    std::error_code code_;
+};
+
+/// A failure to read a source: names the path or URL and, where known, the byte offset.
+class source_error : public error {
+public:
+    source_error(std::string url, const std::string& what, std::error_code code = {},
+                 std::uint64_t offset = npos)
+        : error(format(url, what, code, offset), code), url_(std::move(url)), offset_(offset) {}
+    static constexpr std::uint64_t npos = ~std::uint64_t{0};
+    const std::string& url() const noexcept { return url_; }
+    std::uint64_t offset() const noexcept { return offset_; }
+
+private:
+    static std::string format(const std::string& url, const std::string& what,
+                              std::error_code code, std::uint64_t offset) {
+        std::string s = "sluice: " + what + " '" + url + "'";
+        if (offset != npos) s += " at byte " + std::to_string(offset);
+        if (code) s += ": " + code.message();
+        return s;
+    }
+    std::string url_;
+    std::uint64_t offset_;
+};
+
+}  // namespace sluice

@@ -1,0 +1,231 @@
+#pragma once
+// sluice::pipeline<T>: a running instance of a source<T>.
+//
+// It owns the runtime (I/O loop + CPU pool), one channel per stage and every worker. It
+// starts on first use. The trainer takes items with a range-for on its own thread, or
+// with `co_await p.next()` from a coroutine. stop() (also run by the destructor) cancels
+// every channel, which wakes every suspended worker; each unwinds, and stop() returns when
+// all have finished and both executors are joined. Stopping therefore takes as long as the
+// longest single step a worker is in (one read, one user map call), never a wait.
+//
+// Errors travel in-band: the item after the last good one rethrows the first stage's
+// error (a sluice::error naming the path, URL or offset).
+
+#include <sluice/core/channel.hpp>
+#include <sluice/core/runtime.hpp>
+#include <sluice/core/stage.hpp>
+#include <sluice/core/stats.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <iterator>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+namespace sluice {
+
+struct pipeline_options {
+    runtime_options runtime = {};
+    /// Print a progress line to stderr at this interval; zero: none.
+    std::chrono::milliseconds progress{0};
+};
+
+template <class T>
+class pipeline {
+public:
+    explicit pipeline(source<T> src, pipeline_options opts = {})
+        : src_(std::move(src)), opts_(opts) {}
+    pipeline(const pipeline&) = delete;
+    pipeline& operator=(const pipeline&) = delete;
+    ~pipeline() { stop(); }
+
+    /// Start now instead of on first use.
+    void start() {
+        std::lock_guard lock(m_);
+        if (!run_) start_locked();
+    }
+
+    /// The next item, blocking the calling thread; empty at the end. Rethrows a stage's
+    /// error after the items produced before it.
+    std::optional<T> next_blocking() {
+        reader_guard guard(readers_);
+        auto& ch = channel_();
+        auto got = std::optional<T>{};
+        const auto t_call = detail::now_ns();
+        if (last_return_ns_) detail::bump(consumer().wait_out_ns, t_call - last_return_ns_);
+        got = ch.receive_blocking(&consumer().wait_in_ns);
+        if (got) {
+            detail::bump(consumer().items_in);
+            detail::bump(consumer().bytes_in, byte_size_of(*got));
+        }
+        last_return_ns_ = detail::now_ns();
+        return got;
+    }
+
+    /// `co_await p.next()` from a coroutine: the next item, or empty at the end.
+    auto next() {
+        auto& ch = channel_();
+        return ch.receive(&consumer().wait_in_ns);
+    }
+
+    /// Cancel everything and join all work. Safe to call more than once.
+    void stop() {
+        std::unique_ptr<running> r;
+        {
+            std::lock_guard lock(m_);
+            r = std::move(run_);
+            stopped_ = true;
+        }
+        if (!r) return;
+        r->env.cancel_all();
+        // A receive on another thread may still be returning from the last channel.
+        while (readers_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+        r->env.wait_idle();
+        {
+            std::lock_guard lock(r->progress_m);
+            r->progress_stop = true;
+        }
+        r->progress_cv.notify_all();
+        if (r->progress.joinable()) r->progress.join();
+        r->rt->join();
+        final_ = figures_of(*r);
+    }
+
+    /// Figures so far (or final figures after stop()).
+    pipeline_figures figures() const {
+        std::lock_guard lock(m_);
+        if (run_) return figures_of(*run_);
+        return final_;
+    }
+
+    class iterator {
+    public:
+        using value_type = T;
+        using difference_type = std::ptrdiff_t;
+        iterator() = default;
+        explicit iterator(pipeline* p) : p_(p) { ++*this; }
+        T& operator*() const { return *const_cast<std::optional<T>&>(cur_); }
+        T* operator->() const { return &**this; }
+        iterator& operator++() {
+            cur_ = p_->next_blocking();
+            if (!cur_) p_ = nullptr;
+            return *this;
+        }
+        void operator++(int) { ++*this; }
+        bool operator==(std::default_sentinel_t) const { return p_ == nullptr; }
+
+    private:
+        pipeline* p_ = nullptr;
+        std::optional<T> cur_;
+    };
+    iterator begin() { return iterator(this); }
+    std::default_sentinel_t end() { return {}; }
+
+private:
+    struct reader_guard {
+        std::atomic<int>& n;
+        explicit reader_guard(std::atomic<int>& c) : n(c) { n.fetch_add(1, std::memory_order_acq_rel); }
+        ~reader_guard() { n.fetch_sub(1, std::memory_order_acq_rel); }
+    };
+    struct running {
+        explicit running(runtime_options o) : rt(std::make_unique<runtime>(o)), env(*rt) {}
+        std::unique_ptr<runtime> rt;
+        detail::run_env env;
+        std::vector<std::shared_ptr<void>> channels;
+        std::vector<std::unique_ptr<stage_stats>> stats;
+        channel<T>* last = nullptr;
+        std::uint64_t start_ns = 0;
+        std::thread progress;
+        std::mutex progress_m;
+        std::condition_variable progress_cv;
+        bool progress_stop = false;
+        ~running() {
+            // stop() joins before destruction; this is the path for a pipeline that was
+            // never stopped explicitly and is torn down by an exception in start.
+            env.cancel_all();
+            env.wait_idle();
+            rt->join();
+        }
+    };
+
+    channel<T>& channel_() {
+        std::lock_guard lock(m_);
+        if (!run_) {
+            if (stopped_) {
+                if (!empty_) empty_ = std::make_unique<channel<T>>(channel_limits{1, 0});
+                empty_->close();
+                return *empty_;
+            }
+            start_locked();
+        }
+        return *run_->last;
+    }
+    worker_counters& consumer() { return consumer_; }
+
+    void start_locked() {
+        auto r = std::make_unique<running>(opts_.runtime);
+        r->start_ns = detail::now_ns();
+        consumer_.start_ns.store(r->start_ns, std::memory_order_relaxed);
+        void* prev = nullptr;
+        for (auto& l : src_.links()) {
+            auto out = l->make_output();
+            r->env.cancellers.push_back(l->canceller(out));
+            r->stats.push_back(std::make_unique<stage_stats>(l->name, std::max(1u, l->opts.concurrency),
+                                                             l->counts_records));
+            r->channels.push_back(out);
+        }
+        for (std::size_t i = 0; i < src_.links().size(); ++i) {
+            src_.links()[i]->start(r->env, prev, r->channels[i].get(), *r->stats[i]);
+            prev = r->channels[i].get();
+        }
+        r->last = static_cast<channel<T>*>(prev);
+        if (opts_.progress.count() > 0) {
+            r->progress = std::thread([this, rp = r.get()] {
+                std::unique_lock lock(rp->progress_m);
+                while (!rp->progress_cv.wait_for(lock, opts_.progress, [&] { return rp->progress_stop; }))
+                    std::fprintf(stderr, "\r%s", figures_of(*rp).progress_line().c_str());
+                std::fprintf(stderr, "\n");
+            });
+        }
+        run_ = std::move(r);
+    }
+
+    pipeline_figures figures_of(const running& r) const {
+        pipeline_figures f;
+        const auto now = detail::now_ns();
+        f.seconds = double(now - r.start_ns) * 1e-9;
+        for (auto& s : r.stats) f.stages.push_back(snapshot(*s, now));
+        // The consumer: busy between receives, waiting inside them.
+        stage_figures c;
+        c.name = "consumer";
+        c.workers = 1;
+        c.items_in = consumer_.items_in.load(std::memory_order_relaxed);
+        c.bytes_in = consumer_.bytes_in.load(std::memory_order_relaxed);
+        c.wait_input_s = double(consumer_.wait_in_ns.load(std::memory_order_relaxed)) * 1e-9;
+        c.busy_s = double(consumer_.wait_out_ns.load(std::memory_order_relaxed)) * 1e-9;
+        f.stages.push_back(std::move(c));
+        return f;
+    }
+
+    source<T> src_;
+    pipeline_options opts_;
+    mutable std::mutex m_;
+    std::unique_ptr<running> run_;
+    std::unique_ptr<channel<T>> empty_;
+    bool stopped_ = false;
+    worker_counters consumer_;
+    std::uint64_t last_return_ns_ = 0;
+    std::atomic<int> readers_{0};
+    pipeline_figures final_;
+};
+
+template <class T>
+pipeline(source<T>, pipeline_options) -> pipeline<T>;
+template <class T>
+pipeline(source<T>) -> pipeline<T>;
+
+}  // namespace sluice

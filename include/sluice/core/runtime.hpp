@@ -1,0 +1,76 @@
+#pragma once
+// sluice::runtime: the two executors every pipeline runs on.
+//   - the I/O loop: one thread running an asio::io_context; network and file I/O stages
+//     run here (no thread per request);
+//   - the CPU pool: an asio::thread_pool for parsing, user maps and collation.
+// A pipeline owns its runtime. Shutdown order matters: the pipeline first makes every
+// stage worker finish, then calls join(), so no coroutine is left suspended on an
+// executor that is being destroyed.
+
+#include <sluice/core/bytes.hpp>
+#include <sluice/core/task.hpp>
+
+#include <asio/executor_work_guard.hpp>
+#include <asio/io_context.hpp>
+#include <asio/thread_pool.hpp>
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <thread>
+
+namespace sluice {
+
+struct runtime_options {
+    /// Threads in the CPU pool; 0 means one per hardware thread.
+    unsigned cpu_threads = 0;
+    /// Bytes of freed buffers kept for reuse by the runtime's buffer pool.
+    std::size_t pool_cache_bytes = 64u << 20;
+};
+
+/// Which executor a stage runs on.
+enum class pool { io, cpu };
+
+class runtime {
+public:
+    explicit runtime(runtime_options o = {})
+        : cpu_threads_(o.cpu_threads ? o.cpu_threads
+                                     : std::max(1u, std::thread::hardware_concurrency())),
+          cpu_(cpu_threads_),
+          work_(asio::make_work_guard(io_)),
+          buffers_(buffer_pool::create(o.pool_cache_bytes)) {
+        io_thread_ = std::thread([this] { io_.run(); });
+    }
+    runtime(const runtime&) = delete;
+    runtime& operator=(const runtime&) = delete;
+    ~runtime() { join(); }
+
+    executor io_executor() { return io_.get_executor(); }
+    executor cpu_executor() { return cpu_.get_executor(); }
+    executor executor_for(pool p) { return p == pool::io ? io_executor() : cpu_executor(); }
+    unsigned cpu_threads() const noexcept { return cpu_threads_; }
+    /// Recycled buffers for chunks and batches.
+    const std::shared_ptr<buffer_pool>& buffers() const noexcept { return buffers_; }
+
+    /// Stop both executors and join their threads. Call after all work has finished.
+    void join() {
+        if (joined_) return;
+        joined_ = true;
+        work_.reset();
+        io_.stop();
+        if (io_thread_.joinable()) io_thread_.join();
+        cpu_.stop();
+        cpu_.join();
+    }
+
+private:
+    unsigned cpu_threads_;
+    asio::io_context io_;
+    asio::thread_pool cpu_;
+    asio::executor_work_guard<asio::io_context::executor_type> work_;
+    std::thread io_thread_;
+    std::shared_ptr<buffer_pool> buffers_;
+    bool joined_ = false;
+};
+
+}  // namespace sluice

@@ -1,0 +1,392 @@
+#pragma once
+// Stages and their composition.
+//
+// A stage<In, Out> is a recipe: one or more links, each a coroutine body that reads In
+// items from its input channel and sends Out items to its output channel. A source<T> is
+// a stage<void, T>: it has no input. Nothing runs until a pipeline is built from a source.
+//
+// Composition is checked at compile time: `a | b` compiles only when a's output type is
+// b's input type; otherwise the error names both types as the template arguments of
+// sluice::detail::pipe_type_mismatch<Produced, Expected>. Stages whose input type is
+// generic (shuffle, batch with a collate function...) are closures that become typed
+// stages when attached to something with a known output type, so partial pipelines like
+// `auto tail = sluice::shuffle({...}) | sluice::batch({...});` can be stored and reused.
+//
+// Per stage: concurrency (how many workers run the body at once), ordering (ordered:
+// output in input order even with several workers; unordered: as completed) and the
+// executor (the I/O loop or the CPU pool).
+
+#include <sluice/core/channel.hpp>
+#include <sluice/core/detail/turnstile.hpp>
+#include <sluice/core/runtime.hpp>
+#include <sluice/core/stats.hpp>
+#include <sluice/core/task.hpp>
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace sluice {
+
+enum class ordering { ordered, unordered };
+
+struct stage_options {
+    /// Workers running the stage's body at once.
+    unsigned concurrency = 1;
+    /// Whether several workers keep input order in their output.
+    ordering order = ordering::ordered;
+    /// Executor the workers run on.
+    pool on = pool::cpu;
+    /// Capacity of the stage's output channel (items, and bytes when non-zero).
+    channel_limits buffer = {64, 0};
+};
+
+/// A stage worker's end of its input channel; counts what it receives.
+template <class In>
+class input {
+public:
+    input(channel<In>* ch, worker_counters* c) : ch_(ch), c_(c) {}
+
+    struct next_op {
+        typename channel<In>::receive_awaiter aw;
+        worker_counters* c;
+        bool await_ready() { return aw.await_ready(); }
+        template <class P>
+        void await_suspend(std::coroutine_handle<P> h) {
+            aw.await_suspend(h);
+        }
+        std::optional<In> await_resume() {
+            auto r = aw.await_resume();
+            if (r) {
+                detail::bump(c->items_in);
+                detail::bump(c->bytes_in, byte_size_of(*r));
+            }
+            return r;
+        }
+    };
+    /// `co_await in.next()`: the next item, or an empty optional at the end of input.
+    /// Rethrows an upstream error after the items sent before it.
+    next_op next(std::uint64_t* index = nullptr) {
+        return next_op{ch_->receive(&c_->wait_in_ns, index), c_};
+    }
+    /// Stop reading: upstream stages see their sends fail and unwind.
+    void cancel() { ch_->cancel(); }
+
+private:
+    channel<In>* ch_;
+    worker_counters* c_;
+};
+template <>
+class input<void> {
+public:
+    input(void*, worker_counters*) {}
+    void cancel() {}
+};
+
+/// A stage worker's end of its output channel; counts what it sends.
+template <class Out>
+class output {
+public:
+    output(channel<Out>* ch, worker_counters* c) : ch_(ch), c_(c) {}
+
+    struct send_op {
+        typename channel<Out>::send_awaiter aw;
+        worker_counters* c;
+        std::size_t n;
+        bool await_ready() { return aw.await_ready(); }
+        template <class P>
+        void await_suspend(std::coroutine_handle<P> h) {
+            aw.await_suspend(h);
+        }
+        void await_resume() {
+            if (!aw.await_resume()) throw detail::stopped{};  // the consumer stopped
+            detail::bump(c->items_out);
+            detail::bump(c->bytes_out, n);
+        }
+    };
+    /// `co_await out.send(v)`: suspends while downstream is full. When the pipeline is
+    /// stopping it throws detail::stopped, which unwinds the stage body (and is not an
+    /// error): stage bodies need no cancellation checks of their own.
+    send_op send(Out v) {
+        const std::size_t n = byte_size_of(v);
+        return send_op{ch_->send(std::move(v), &c_->wait_out_ns), c_, n};
+    }
+
+private:
+    channel<Out>* ch_;
+    worker_counters* c_;
+};
+
+/// What one worker of a stage gets: its ports, the runtime, its stats and, for ordered
+/// stages with several workers, the turnstile that restores input order.
+template <class In, class Out>
+struct stage_context {
+    sluice::input<In> in;
+    sluice::output<Out> out;
+    sluice::runtime& rt;
+    stage_stats& stats;
+    unsigned worker;
+    detail::turnstile* turn;
+};
+
+namespace detail {
+
+/// Shared by all stages of one running pipeline: counts live workers so that stopping can
+/// wait for all of them, and knows how to cancel every channel.
+struct run_env {
+    explicit run_env(sluice::runtime& r) : rt(r) {}
+    sluice::runtime& rt;
+    std::mutex m;
+    std::condition_variable cv;
+    std::size_t live = 0;
+    std::vector<std::function<void()>> cancellers;
+    std::vector<std::shared_ptr<void>> keep;
+
+    void started() {
+        std::lock_guard lock(m);
+        ++live;
+    }
+    void finished() {
+        std::lock_guard lock(m);
+        if (--live == 0) cv.notify_all();
+    }
+    void cancel_all() {
+        for (auto& c : cancellers) c();
+    }
+    void wait_idle() {
+        std::unique_lock lock(m);
+        cv.wait(lock, [&] { return live == 0; });
+    }
+};
+
+inline bool is_stop(const std::exception_ptr& e) {
+    if (!e) return false;
+    try {
+        std::rethrow_exception(e);
+    } catch (const stopped&) {
+        return true;
+    } catch (...) {
+        return false;
+    }
+}
+
+/// One stage of a chain, with its types erased so chains can be stored as vectors.
+struct link {
+    std::string name;
+    stage_options opts;
+    bool counts_records = false;
+    virtual ~link() = default;
+    virtual std::shared_ptr<void> make_output() const = 0;
+    virtual std::function<void()> canceller(const std::shared_ptr<void>& out) const = 0;
+    virtual void start(run_env& env, void* in, void* out, stage_stats& st) const = 0;
+};
+
+template <class In, class Out>
+struct link_impl final : link {
+    using body_fn = std::function<task<void>(stage_context<In, Out>&)>;
+    body_fn body;
+
+    std::shared_ptr<void> make_output() const override {
+        return std::make_shared<channel<Out>>(opts.buffer);
+    }
+    std::function<void()> canceller(const std::shared_ptr<void>& out) const override {
+        return [ch = static_cast<channel<Out>*>(out.get())] { ch->cancel(); };
+    }
+    void start(run_env& env, void* in, void* out, stage_stats& st) const override {
+        struct state {
+            std::vector<std::unique_ptr<stage_context<In, Out>>> contexts;
+            std::unique_ptr<turnstile> turn;
+        };
+        auto s = std::make_shared<state>();
+        auto* inch = static_cast<channel<In>*>(in);
+        auto* outch = static_cast<channel<Out>*>(out);
+        const unsigned n = std::max(1u, opts.concurrency);
+        if (n > 1 && opts.order == ordering::ordered) {
+            s->turn = std::make_unique<turnstile>();
+            env.cancellers.push_back([t = s->turn.get()] { t->cancel(); });
+        }
+        outch->add_producer(n);
+        auto ex = env.rt.executor_for(opts.on);
+        for (unsigned i = 0; i < n; ++i) {
+            auto& c = st.worker(i);
+            s->contexts.push_back(std::make_unique<stage_context<In, Out>>(stage_context<In, Out>{
+                sluice::input<In>(inch, &c), sluice::output<Out>(outch, &c), env.rt, st, i,
+                s->turn.get()}));
+        }
+        env.keep.push_back(s);
+        for (unsigned i = 0; i < n; ++i) {
+            auto& c = st.worker(i);
+            c.start_ns.store(detail::now_ns(), std::memory_order_relaxed);
+            env.started();
+            auto* ctx = s->contexts[i].get();
+            // on_done must capture only raw pointers: the pipeline owns everything and
+            // waits for env.finished() before destroying it.
+            spawn(ex, body(*ctx), [envp = &env, ctx, outch, c = &c](std::exception_ptr e) {
+                const bool stop = is_stop(e);
+                if (e) {  // failed or stopped: stop upstream and sibling workers too
+                    ctx->in.cancel();
+                    if (ctx->turn) ctx->turn->cancel();
+                }
+                c->end_ns.store(detail::now_ns(), std::memory_order_relaxed);
+                outch->producer_done(stop ? nullptr : e);
+                envp->finished();
+            });
+        }
+    }
+};
+
+template <class... T>
+inline constexpr bool always_false = false;
+
+/// Instantiated when `a | b` joins mismatched types; the compiler's message shows
+/// pipe_type_mismatch<Produced, Expected> with both types spelled out.
+template <class Produced, class Expected>
+struct pipe_type_mismatch {
+    static_assert(always_false<Produced, Expected>,
+                  "sluice: cannot compose stages: the left side produces `Produced` but the "
+                  "right stage expects `Expected` (see pipe_type_mismatch<Produced, Expected> "
+                  "below)");
+    static constexpr bool value = false;
+};
+
+}  // namespace detail
+
+/// A recipe for a chain of stages taking In and giving Out (In = void: a source).
+template <class In, class Out>
+class stage {
+public:
+    using input_type = In;
+    using output_type = Out;
+
+    stage() = default;
+    explicit stage(std::vector<std::shared_ptr<const detail::link>> links)
+        : links_(std::move(links)) {}
+
+    const std::vector<std::shared_ptr<const detail::link>>& links() const noexcept {
+        return links_;
+    }
+
+    /// Direct-call form: `s(upstream)` is `upstream | s`.
+    template <class A>
+    stage<A, Out> operator()(stage<A, In> upstream) const {
+        return std::move(upstream) | *this;
+    }
+
+private:
+    std::vector<std::shared_ptr<const detail::link>> links_;
+};
+
+/// A recipe for a stream of T: a stage with no input.
+template <class T>
+using source = stage<void, T>;
+
+template <class A, class B, class C, class D>
+auto operator|(stage<A, B> lhs, stage<C, D> rhs) {
+    if constexpr (!std::is_same_v<B, C>) {
+        static_assert(detail::pipe_type_mismatch<B, C>::value);
+        return stage<A, D>{};
+    } else {
+        auto links = lhs.links();
+        links.insert(links.end(), rhs.links().begin(), rhs.links().end());
+        return stage<A, D>(std::move(links));
+    }
+}
+
+namespace detail {
+template <class T>
+inline constexpr bool is_stage = false;
+template <class A, class B>
+inline constexpr bool is_stage<stage<A, B>> = true;
+
+/// A stage whose input type is decided when it is attached: `make.template
+/// operator()<T>()` builds the typed stage for input T.
+template <class F>
+struct deferred {
+    F make;
+    template <class A, class B>
+    auto apply(stage<A, B> s) const {
+        return std::move(s) | make.template operator()<B>();
+    }
+};
+template <class L, class R>
+struct chained {
+    L l;
+    R r;
+    template <class A, class B>
+    auto apply(stage<A, B> s) const {
+        return (std::move(s) | l) | r;
+    }
+};
+template <class T>
+inline constexpr bool is_closure = false;
+template <class F>
+inline constexpr bool is_closure<deferred<F>> = true;
+template <class L, class R>
+inline constexpr bool is_closure<chained<L, R>> = true;
+}  // namespace detail
+
+template <class A, class B, class C>
+    requires detail::is_closure<C>
+auto operator|(stage<A, B> s, C c) {
+    return c.apply(std::move(s));
+}
+template <class C, class X>
+    requires(detail::is_closure<C> && (detail::is_closure<X> || detail::is_stage<X>))
+auto operator|(C c, X x) {
+    return detail::chained<C, X>{std::move(c), std::move(x)};
+}
+
+/// A stage from a coroutine body run by each worker:
+/// `task<void> body(stage_context<In, Out>& ctx)`. The body loops over
+/// `co_await ctx.in.next()` and `co_await ctx.out.send(...)` itself, so it can keep state
+/// across items (batch, shuffle) or produce a whole stream from one item (read, fetch).
+/// With several workers the items are shared among them and the output is unordered.
+template <class In, class Out, class Body>
+stage<In, Out> make_stage(std::string name, stage_options opts, Body body,
+                          bool counts_records = false) {
+    auto l = std::make_shared<detail::link_impl<In, Out>>();
+    l->name = std::move(name);
+    l->opts = opts;
+    l->counts_records = counts_records;
+    l->body = std::move(body);
+    return stage<In, Out>({std::move(l)});
+}
+
+namespace detail {
+template <class In, class Out, class F>
+task<void> item_worker(stage_context<In, Out>& ctx, F fn) {  // fn copied per worker
+    std::vector<Out> outs;
+    for (;;) {
+        std::uint64_t ticket = 0;
+        auto item = co_await ctx.in.next(ctx.turn ? &ticket : nullptr);
+        if (!item) co_return;
+        fn(std::move(*item), outs);
+        if (ctx.turn) co_await ctx.turn->wait(ticket);
+        for (auto& o : outs) co_await ctx.out.send(std::move(o));
+        outs.clear();
+        if (ctx.turn) ctx.turn->done(ticket);
+    }
+}
+}  // namespace detail
+
+/// A stage from a plain function `void fn(In&& item, std::vector<Out>& out)` that turns one
+/// item into zero or more outputs. Each worker has its own copy of `fn`. With several
+/// workers and ordering::ordered, outputs keep the order of the inputs (a worker holds the
+/// outputs of one item until its turn).
+template <class In, class Out, class F>
+stage<In, Out> make_item_stage(std::string name, stage_options opts, F fn,
+                               bool counts_records = false) {
+    return make_stage<In, Out>(
+        std::move(name), opts,
+        [fn = std::move(fn)](stage_context<In, Out>& ctx) { return detail::item_worker(ctx, fn); },
+        counts_records);
+}
+
+}  // namespace sluice

@@ -1,0 +1,206 @@
+#pragma once
+// Stage statistics and the bottleneck report.
+//
+// Every worker of every stage keeps its own counters (written by that worker only, so the
+// hot path uses plain relaxed stores, no read-modify-write): items and bytes in and out,
+// and the nanoseconds it spent suspended waiting for input and waiting for room
+// downstream. Clocks are read only when a channel operation actually suspends; time
+// "working" is the worker's lifetime minus its waits.
+//
+// Bottleneck: the stage whose workers spend the largest share of their time working (not
+// waiting). In a chain, that stage's producer waits for room and its consumer waits for
+// input. The trainer is counted as a pseudo-stage named "consumer": when the pipeline
+// waits on it, it is the bottleneck, and the pipeline is fast enough.
+
+#include <sluice/core/detail/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace sluice {
+
+namespace detail {
+inline void bump(std::atomic<std::uint64_t>& c, std::uint64_t n = 1) noexcept {
+    c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+}
+}  // namespace detail
+
+/// One worker's counters.
+struct worker_counters {
+    std::atomic<std::uint64_t> items_in{0}, items_out{0}, bytes_in{0}, bytes_out{0};
+    std::atomic<std::uint64_t> wait_in_ns{0}, wait_out_ns{0};
+    std::atomic<std::uint64_t> start_ns{0}, end_ns{0};
+};
+
+/// A stage's view of its counters; also holds named extra counters (skipped records,
+/// retries, throttles...) that a stage registers before it starts.
+class stage_stats {
+public:
+    stage_stats(std::string name, unsigned workers, bool counts_records)
+        : name_(std::move(name)), counts_records_(counts_records) {
+        for (unsigned i = 0; i < workers; ++i) workers_.push_back(std::make_unique<worker_counters>());
+    }
+    const std::string& name() const noexcept { return name_; }
+    bool counts_records() const noexcept { return counts_records_; }
+    worker_counters& worker(std::size_t i) { return *workers_[i]; }
+    std::size_t workers() const noexcept { return workers_.size(); }
+
+    /// A named counter, created on first use (thread-safe).
+    std::atomic<std::uint64_t>& counter(const std::string& name) {
+        std::lock_guard lock(m_);
+        for (auto& [n, c] : extra_)
+            if (n == name) return *c;
+        extra_.emplace_back(name, std::make_unique<std::atomic<std::uint64_t>>(0));
+        return *extra_.back().second;
+    }
+    std::vector<std::pair<std::string, std::uint64_t>> counters() const {
+        std::lock_guard lock(m_);
+        std::vector<std::pair<std::string, std::uint64_t>> out;
+        for (auto& [n, c] : extra_) out.emplace_back(n, c->load(std::memory_order_relaxed));
+        return out;
+    }
+
+private:
+    std::string name_;
+    bool counts_records_;
+    std::vector<std::unique_ptr<worker_counters>> workers_;
+    mutable std::mutex m_;
+    std::vector<std::pair<std::string, std::unique_ptr<std::atomic<std::uint64_t>>>> extra_;
+};
+
+/// A stage's figures at one moment.
+struct stage_figures {
+    std::string name;
+    unsigned workers = 0;
+    std::uint64_t items_in = 0, items_out = 0, bytes_in = 0, bytes_out = 0;
+    double busy_s = 0, wait_input_s = 0, wait_output_s = 0;
+    bool counts_records = false;
+    std::vector<std::pair<std::string, std::uint64_t>> counters;
+    /// Share of the workers' time spent working: 0..1.
+    double utilization() const {
+        const double total = busy_s + wait_input_s + wait_output_s;
+        return total > 0 ? busy_s / total : 0;
+    }
+};
+
+inline stage_figures snapshot(const stage_stats& s, std::uint64_t now_ns) {
+    stage_figures f;
+    f.name = s.name();
+    f.counts_records = s.counts_records();
+    f.workers = static_cast<unsigned>(s.workers());
+    std::uint64_t alive = 0, wi = 0, wo = 0;
+    for (std::size_t i = 0; i < s.workers(); ++i) {
+        auto& w = const_cast<stage_stats&>(s).worker(i);
+        f.items_in += w.items_in.load(std::memory_order_relaxed);
+        f.items_out += w.items_out.load(std::memory_order_relaxed);
+        f.bytes_in += w.bytes_in.load(std::memory_order_relaxed);
+        f.bytes_out += w.bytes_out.load(std::memory_order_relaxed);
+        const auto a = w.wait_in_ns.load(std::memory_order_relaxed);
+        const auto b = w.wait_out_ns.load(std::memory_order_relaxed);
+        wi += a;
+        wo += b;
+        const auto start = w.start_ns.load(std::memory_order_relaxed);
+        auto end = w.end_ns.load(std::memory_order_relaxed);
+        if (start == 0) continue;
+        if (end == 0) end = now_ns;
+        alive += end > start ? end - start : 0;
+    }
+    const std::uint64_t waits = wi + wo;
+    f.busy_s = alive > waits ? double(alive - waits) * 1e-9 : 0;
+    f.wait_input_s = double(wi) * 1e-9;
+    f.wait_output_s = double(wo) * 1e-9;
+    f.counters = s.counters();
+    return f;
+}
+
+/// Figures for a whole pipeline: every stage in order, then the consumer.
+struct pipeline_figures {
+    double seconds = 0;
+    std::vector<stage_figures> stages;  // the last one is "consumer"
+
+    /// The stage that limits throughput (see the header comment).
+    std::string bottleneck() const {
+        const stage_figures* best = nullptr;
+        for (auto& s : stages)
+            if (!best || s.utilization() > best->utilization()) best = &s;
+        return best ? best->name : std::string{};
+    }
+    /// Records counted at the last stage that produces records (a decoder), or the
+    /// items delivered to the consumer when there is none.
+    std::pair<std::uint64_t, std::uint64_t> records_and_bytes() const {
+        for (auto it = stages.rbegin(); it != stages.rend(); ++it)
+            if (it->counts_records) return {it->items_out, it->bytes_out};
+        if (stages.empty()) return {0, 0};
+        return {stages.back().items_in, stages.back().bytes_in};
+    }
+
+    /// One line for a terminal: "12,345 records/s  1,234.5 MB/s  bottleneck: decode".
+    std::string progress_line() const {
+        auto [r, b] = records_and_bytes();
+        const double s = seconds > 0 ? seconds : 1e-9;
+        char buf[256];
+        std::snprintf(buf, sizeof buf, "[sluice] %8.1fs %12llu records %10.0f records/s %9.1f MB/s  bottleneck: %s",
+                      seconds, static_cast<unsigned long long>(r), double(r) / s, double(b) / s / 1e6,
+                      bottleneck().c_str());
+        return buf;
+    }
+
+    /// The final table: one row per stage.
+    std::string table() const {
+        std::string out;
+        char buf[320];
+        std::snprintf(buf, sizeof buf, "%-14s %3s %12s %12s %12s %9s %9s %9s %6s\n", "stage", "n",
+                      "items in", "items out", "MB out", "busy s", "wait in", "wait out", "util");
+        out += buf;
+        for (auto& s : stages) {
+            std::snprintf(buf, sizeof buf, "%-14s %3u %12llu %12llu %12.1f %9.3f %9.3f %9.3f %5.0f%%\n",
+                          s.name.c_str(), s.workers, static_cast<unsigned long long>(s.items_in),
+                          static_cast<unsigned long long>(s.items_out), double(s.bytes_out) / 1e6,
+                          s.busy_s, s.wait_input_s, s.wait_output_s, 100 * s.utilization());
+            out += buf;
+            for (auto& [n, v] : s.counters)
+                out += "    " + n + ": " + std::to_string(v) + "\n";
+        }
+        out += "bottleneck: " + bottleneck() + "\n";
+        return out;
+    }
+
+    /// The same as JSON: {"seconds":..,"bottleneck":..,"stages":[{...}]}.
+    std::string json() const {
+        detail::json_writer w;
+        w.begin_object();
+        w.key("seconds").value(seconds);
+        w.key("bottleneck").value(bottleneck());
+        w.key("stages");
+        write_stages(w);
+        w.end_object();
+        return w.str();
+    }
+    void write_stages(detail::json_writer& w) const {
+        w.begin_array();
+        for (auto& s : stages) {
+            w.begin_object();
+            w.key("name").value(s.name);
+            w.key("workers").value(std::uint64_t{s.workers});
+            w.key("items_in").value(s.items_in);
+            w.key("items_out").value(s.items_out);
+            w.key("bytes").value(s.bytes_out);
+            w.key("bytes_in").value(s.bytes_in);
+            w.key("busy_s").value(s.busy_s);
+            w.key("wait_input_s").value(s.wait_input_s);
+            w.key("wait_output_s").value(s.wait_output_s);
+            w.key("utilization").value(s.utilization());
+            for (auto& [n, v] : s.counters) w.key(n).value(v);
+            w.end_object();
+        }
+        w.end_array();
+    }
+};
+
+}  // namespace sluice

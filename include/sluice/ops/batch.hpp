@@ -1,0 +1,131 @@
+#pragma once
+// sluice::batch: groups items into batches; records are collated into one contiguous
+// buffer with offsets (ragged records need no padding).
+
+#include <sluice/core/bytes.hpp>
+#include <sluice/core/record.hpp>
+#include <sluice/core/stage.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace sluice {
+
+/// A batch of records collated on the host: record i is
+/// data[offsets[i] .. offsets[i+1]).
+struct host_batch {
+    bytes data;
+    std::vector<std::uint64_t> offsets;  // size() + 1 entries, offsets[0] == 0
+    std::vector<std::shared_ptr<const shard>> sources;
+    std::vector<std::uint64_t> indices;  // each record's ordinal within its shard
+
+    std::size_t size() const noexcept { return offsets.empty() ? 0 : offsets.size() - 1; }
+    std::span<const std::byte> operator[](std::size_t i) const noexcept {
+        return data.span().subspan(offsets[i], offsets[i + 1] - offsets[i]);
+    }
+    std::size_t byte_size() const noexcept { return data.size(); }
+    /// "url#index" of record i.
+    std::string key(std::size_t i) const {
+        return (sources[i] ? sources[i]->url : std::string("?")) + "#" + std::to_string(indices[i]);
+    }
+};
+
+struct batch_options {
+    std::size_t size = 32;
+    /// Drop a last batch smaller than `size` (keeps every step the same shape).
+    bool drop_last = false;
+    /// Where collated batches live: the runtime's recycling pool when null; the cuda
+    /// layer passes its pinned pool so batches are born in page-locked memory.
+    std::shared_ptr<buffer_source> memory = nullptr;
+    /// Capacity of the output channel, in batches.
+    channel_limits out = {4, 0};
+};
+
+namespace detail {
+inline host_batch collate_records(std::vector<record>& rs, buffer_source& mem) {
+    host_batch b;
+    b.offsets.reserve(rs.size() + 1);
+    b.sources.reserve(rs.size());
+    b.indices.reserve(rs.size());
+    std::uint64_t total = 0;
+    b.offsets.push_back(0);
+    for (auto& r : rs) {
+        total += r.data.size();
+        b.offsets.push_back(total);
+    }
+    // Round up so buffers of similar batches are interchangeable in the pool.
+    constexpr std::size_t grain = 1 << 20;
+    auto buf = mem.allocate(total > grain ? (total + grain - 1) / grain * grain : std::max<std::size_t>(total, 1));
+    std::byte* p = buf->data();
+    for (auto& r : rs) {
+        if (!r.data.empty()) std::memcpy(p, r.data.data(), r.data.size());
+        p += r.data.size();
+        b.sources.push_back(std::move(r.source));
+        b.indices.push_back(r.index);
+    }
+    b.data = bytes(std::move(buf), total);
+    return b;
+}
+
+template <class T, class Out, class F>
+task<void> batch_worker(stage_context<T, Out>& ctx, batch_options o, F collate) {
+    std::vector<T> group;
+    const std::size_t n = o.size ? o.size : 1;
+    group.reserve(n);
+    auto flush = [&]() -> Out {
+        Out out = collate(group);
+        group.clear();
+        return out;
+    };
+    while (auto item = co_await ctx.in.next()) {
+        group.push_back(std::move(*item));
+        if (group.size() == n) co_await ctx.out.send(flush());
+    }
+    if (!group.empty() && !o.drop_last) co_await ctx.out.send(flush());
+}
+}  // namespace detail
+
+/// Takes: records. Gives: host_batch, `size` records collated into one contiguous buffer
+/// with offsets, plus each record's source and index.
+/// Backpressure: holds one batch being filled plus `out` finished batches.
+/// Errors: upstream errors pass through after the batches before them; the partial batch
+/// being filled is dropped with the error.
+/// Cancellation: stops at the next send; the partial batch is freed.
+/// Example: `| sluice::batch({.size = 256, .drop_last = true})`
+inline stage<record, host_batch> batch(batch_options o = {}) {
+    return make_stage<record, host_batch>(
+        "batch", {.on = pool::cpu, .buffer = o.out},
+        [o](stage_context<record, host_batch>& ctx) {
+            std::shared_ptr<buffer_source> mem = o.memory;
+            if (!mem) mem = ctx.rt.buffers();
+            return detail::batch_worker<record, host_batch>(
+                ctx, o, [mem](std::vector<record>& g) { return detail::collate_records(g, *mem); });
+        });
+}
+
+/// Takes: items of any type T. Gives: collate(std::vector<T>&) for each group of `size`
+/// items (the vector is cleared afterwards; move out of it freely).
+/// Example: `| sluice::batch({.size = 64}, [](std::vector<int>& v) { return sum(v); })`
+template <class F>
+auto batch(batch_options o, F collate) {
+    auto make = [o, collate]<class T>() {
+        using Out = std::remove_cvref_t<std::invoke_result_t<F&, std::vector<T>&>>;
+        return make_stage<T, Out>("batch", {.on = pool::cpu, .buffer = o.out},
+                                  [o, collate](stage_context<T, Out>& ctx) {
+                                      return detail::batch_worker<T, Out>(ctx, o, collate);
+                                  });
+    };
+    return detail::deferred<decltype(make)>{make};
+}
+
+template <class A>
+stage<A, host_batch> batch(stage<A, record> upstream, batch_options o = {}) {
+    return std::move(upstream) | batch(o);
+}
+
+}  // namespace sluice

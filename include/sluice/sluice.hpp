@@ -1,0 +1,21 @@
+#pragma once
+// The umbrella header: everything sluice offers on this build.
+
+#include <sluice/core/bytes.hpp>
+#include <sluice/core/channel.hpp>
+#include <sluice/core/error.hpp>
+#include <sluice/core/pipeline.hpp>
+#include <sluice/core/record.hpp>
+#include <sluice/core/runtime.hpp>
+#include <sluice/core/stage.hpp>
+#include <sluice/core/stats.hpp>
+#include <sluice/core/task.hpp>
+#include <sluice/formats/lines.hpp>
+#include <sluice/formats/raw.hpp>
+#include <sluice/io/list.hpp>
+#include <sluice/io/local.hpp>
+#include <sluice/ops/batch.hpp>
+#include <sluice/ops/from.hpp>
+#include <sluice/ops/map.hpp>
+#include <sluice/ops/plan.hpp>
+#include <sluice/ops/shuffle.hpp>
