@@ -20,18 +20,25 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
 
+#include <unistd.h>
+
 namespace sluice {
 
 struct pipeline_options {
     runtime_options runtime = {};
-    /// Print a progress line to stderr at this interval; zero: none.
+    /// Report progress at this interval; zero: never.
     std::chrono::milliseconds progress{0};
+    /// Called with the figures so far at each progress interval (on a thread of its own);
+    /// by default writes pipeline_figures::progress_line() to stderr, overwriting the
+    /// previous line on a terminal.
+    std::function<void(const pipeline_figures&)> on_progress = nullptr;
 };
 
 template <class T>
@@ -186,9 +193,18 @@ private:
         if (opts_.progress.count() > 0) {
             r->progress = std::thread([this, rp = r.get()] {
                 std::unique_lock lock(rp->progress_m);
-                while (!rp->progress_cv.wait_for(lock, opts_.progress, [&] { return rp->progress_stop; }))
-                    std::fprintf(stderr, "\r%s", figures_of(*rp).progress_line().c_str());
-                std::fprintf(stderr, "\n");
+                const bool tty = ::isatty(2) == 1;
+                bool printed = false;
+                while (!rp->progress_cv.wait_for(lock, opts_.progress, [&] { return rp->progress_stop; })) {
+                    auto f = figures_of(*rp);
+                    if (opts_.on_progress) {
+                        opts_.on_progress(f);
+                    } else {
+                        std::fprintf(stderr, tty ? "\r%s" : "%s\n", f.progress_line().c_str());
+                        printed = true;
+                    }
+                }
+                if (printed && tty) std::fprintf(stderr, "\n");
             });
         }
         run_ = std::move(r);

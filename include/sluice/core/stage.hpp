@@ -367,8 +367,16 @@ task<void> item_worker(stage_context<In, Out>& ctx, F fn) {  // fn copied per wo
         std::uint64_t ticket = 0;
         auto item = co_await ctx.in.next(ctx.turn ? &ticket : nullptr);
         if (!item) co_return;
-        fn(std::move(*item), outs);
+        std::exception_ptr failed;
+        try {
+            fn(std::move(*item), outs);
+        } catch (...) {
+            failed = std::current_exception();
+        }
+        // Ordered: wait for our turn even when failing, so the error reaches the consumer
+        // after the outputs of every earlier item.
         if (ctx.turn) co_await ctx.turn->wait(ticket);
+        if (failed) std::rethrow_exception(failed);
         for (auto& o : outs) co_await ctx.out.send(std::move(o));
         outs.clear();
         if (ctx.turn) ctx.turn->done(ticket);

@@ -39,6 +39,14 @@ template <class R, class C, class A>
 struct first_arg<R (C::*)(A)> {
     using type = std::remove_cvref_t<A>;
 };
+template <class In, class F>
+struct map_input {
+    using type = In;
+};
+template <class F>
+struct map_input<deduce, F> {
+    using type = typename first_arg<F>::type;
+};
 }  // namespace detail
 
 /// Takes: In items. Gives: fn(item) for each, on `threads` workers of the CPU pool.
@@ -51,7 +59,7 @@ struct first_arg<R (C::*)(A)> {
 /// Example: `| sluice::map([](sluice::record r) { return decode(r); }, {.threads = 6})`
 template <class In = detail::deduce, class F>
 auto map(F fn, map_options o = {}) {
-    using I = std::conditional_t<std::is_same_v<In, detail::deduce>, typename detail::first_arg<F>::type, In>;
+    using I = typename detail::map_input<In, F>::type;
     using Out = std::remove_cvref_t<std::invoke_result_t<F&, I&&>>;
     return make_item_stage<I, Out>(
         o.name, {.concurrency = o.threads, .order = o.order, .on = pool::cpu, .buffer = o.buffer},

@@ -1,0 +1,200 @@
+// sluice-probe: how fast can this storage feed a trainer?
+//
+//   sluice-probe [options] SOURCE...
+//
+// Reads SOURCEs (paths, globs, brace patterns like data/shard-{000..063}.txt, directories)
+// through list | plan | read | decode | shuffle | batch, checks every record with crc32,
+// prints progress and a per-stage table on stderr, and with --json one JSON object on
+// stdout. Exit status: 0 done, 1 a source failed (the message names it), 2 bad usage.
+
+#include <sluice/sluice.hpp>
+
+#include <zlib.h>
+
+#include <charconv>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+constexpr const char* usage_text = R"(usage: sluice-probe [options] SOURCE...
+SOURCE: a path, a glob (data/*.txt), a brace pattern (data/shard-{000..063}.txt) or a
+directory (all regular files below it).
+options:
+  --format raw|lines     one record per file, or per line (default lines)
+  --batch N              records per batch (default 32)
+  --drop-last            drop a last batch smaller than N
+  --shuffle N            shuffle buffer in records; 0 = no shuffle (default 0)
+  --seed S               seed for the shard order and the shuffle buffer
+  --epochs E             passes over the data (default 1)
+  --rank R --world W     read share R of W (default 0 of 1)
+  --threads T            CPU pool threads (default: hardware threads)
+  --chunk-size BYTES     read size (default 4194304)
+  --no-crc               skip the per-record crc32 (measures the pipeline alone)
+  --progress SECONDS     progress line interval on stderr; 0 = none (default 1)
+  --quiet                no progress line and no table
+  --json                 one JSON object with the figures on stdout
+  --help                 this text
+)";
+
+struct options {
+    std::string format = "lines";
+    std::size_t batch = 32;
+    bool drop_last = false;
+    std::size_t shuffle = 0;
+    std::optional<std::uint64_t> seed;
+    unsigned epochs = 1;
+    unsigned rank = 0, world = 1;
+    unsigned threads = 0;
+    std::size_t chunk_size = 4u << 20;
+    bool crc = true;
+    double progress = 1;
+    bool quiet = false;
+    bool json = false;
+    std::vector<std::string> sources;
+};
+
+[[noreturn]] void usage_error(const std::string& msg) {
+    std::cerr << "sluice-probe: " << msg << "\n" << usage_text;
+    std::exit(2);
+}
+
+template <class T>
+T number(std::string_view flag, std::string_view v) {
+    T out{};
+    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+    if (ec != std::errc{} || p != v.data() + v.size())
+        usage_error("bad value '" + std::string(v) + "' for " + std::string(flag));
+    return out;
+}
+
+options parse(int argc, char** argv) {
+    options o;
+    for (int i = 1; i < argc; ++i) {
+        std::string_view a = argv[i];
+        auto value = [&]() -> std::string_view {
+            if (i + 1 >= argc) usage_error(std::string(a) + " needs a value");
+            return argv[++i];
+        };
+        if (a == "--help" || a == "-h") {
+            std::cout << usage_text;
+            std::exit(0);
+        } else if (a == "--format") {
+            o.format = value();
+            if (o.format != "raw" && o.format != "lines") usage_error("unknown format '" + o.format + "'");
+        } else if (a == "--batch") {
+            o.batch = number<std::size_t>(a, value());
+            if (o.batch == 0) usage_error("--batch must be at least 1");
+        } else if (a == "--drop-last") {
+            o.drop_last = true;
+        } else if (a == "--shuffle") {
+            o.shuffle = number<std::size_t>(a, value());
+        } else if (a == "--seed") {
+            o.seed = number<std::uint64_t>(a, value());
+        } else if (a == "--epochs") {
+            o.epochs = number<unsigned>(a, value());
+        } else if (a == "--rank") {
+            o.rank = number<unsigned>(a, value());
+        } else if (a == "--world") {
+            o.world = number<unsigned>(a, value());
+        } else if (a == "--threads") {
+            o.threads = number<unsigned>(a, value());
+        } else if (a == "--chunk-size") {
+            o.chunk_size = number<std::size_t>(a, value());
+            if (o.chunk_size == 0) usage_error("--chunk-size must be at least 1");
+        } else if (a == "--no-crc") {
+            o.crc = false;
+        } else if (a == "--progress") {
+            o.progress = number<double>(a, value());
+        } else if (a == "--quiet") {
+            o.quiet = true;
+        } else if (a == "--json") {
+            o.json = true;
+        } else if (a.size() > 1 && a[0] == '-') {
+            usage_error("unknown option " + std::string(a));
+        } else {
+            o.sources.emplace_back(a);
+        }
+    }
+    if (o.sources.empty()) usage_error("no SOURCE given");
+    if (o.world == 0 || o.rank >= o.world) usage_error("--rank must be below --world");
+    return o;
+}
+
+std::uint64_t peak_rss_bytes() {
+    std::ifstream f("/proc/self/status");
+    std::string line;
+    while (std::getline(f, line))
+        if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;  // kB
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const options o = parse(argc, argv);
+
+    auto src = sluice::list(o.sources) |
+               sluice::plan({.epochs = o.epochs, .seed = o.seed, .rank = o.rank, .world = o.world}) |
+               sluice::read({.chunk_size = o.chunk_size});
+    auto records = o.format == "raw" ? src | sluice::raw() : src | sluice::lines();
+    if (o.shuffle > 0) records = records | sluice::shuffle({.buffer = o.shuffle, .seed = o.seed.value_or(0)});
+    auto batches = records | sluice::batch({.size = o.batch, .drop_last = o.drop_last});
+
+    sluice::pipeline_options popts{.runtime = {.cpu_threads = o.threads}};
+    if (!o.quiet && o.progress > 0)
+        popts.progress = std::chrono::milliseconds(static_cast<long>(o.progress * 1000));
+    sluice::pipeline p(batches, popts);
+
+    std::uint64_t n_records = 0, n_batches = 0, payload = 0, crc_sum = 0;
+    int status = 0;
+    std::string failure;
+    try {
+        for (auto& b : p) {
+            ++n_batches;
+            n_records += b.size();
+            payload += b.data.size();
+            if (o.crc)
+                for (std::size_t i = 0; i < b.size(); ++i) {
+                    auto r = b[i];
+                    crc_sum += crc32_z(0L, reinterpret_cast<const Bytef*>(r.data()), r.size());
+                }
+        }
+    } catch (const std::exception& e) {
+        failure = e.what();
+        status = 1;
+    }
+    p.stop();
+    const auto f = p.figures();
+    if (status) std::cerr << "sluice-probe: " << failure << "\n";
+    if (!o.quiet) std::cerr << f.table();
+
+    if (o.json) {
+        sluice::detail::json_writer w;
+        const double s = f.seconds > 0 ? f.seconds : 1e-9;
+        w.begin_object();
+        w.key("ok").value(status == 0);
+        if (status) w.key("error").value(failure);
+        w.key("records").value(n_records);
+        w.key("batches").value(n_batches);
+        w.key("payload_bytes").value(payload);
+        if (o.crc) w.key("crc_sum").value(crc_sum);
+        else w.key("crc_sum").value("skipped");
+        w.key("seconds").value(f.seconds);
+        w.key("records_per_s").value(double(n_records) / s);
+        w.key("bytes_per_s").value(double(payload) / s);
+        w.key("peak_rss_bytes").value(peak_rss_bytes());
+        w.key("bottleneck").value(f.bottleneck());
+        w.key("stages");
+        f.write_stages(w);
+        w.end_object();
+        std::cout << w.str() << std::endl;
+    }
+    return status;
+}

@@ -1,0 +1,129 @@
+// sluice-probe, sluice-gen and the examples, run as a user runs them.
+#include "support/test_support.hpp"
+
+using sluice_test::json_u64;
+using sluice_test::run;
+
+namespace {
+struct dataset {
+    sluice_test::temp_dir dir;
+    std::string summary;  // sluice-gen's JSON
+    dataset(std::vector<std::string> args) {
+        std::vector<std::string> argv{SLUICE_GEN, dir.path().string()};
+        argv.insert(argv.end(), args.begin(), args.end());
+        auto r = run(argv);
+        INFO(r.err);
+        REQUIRE(r.status == 0);
+        summary = r.out;
+    }
+    std::string glob(const std::string& ext = "txt") const { return dir / ("shard-*." + ext); }
+};
+
+sluice_test::run_result probe(std::vector<std::string> args) {
+    std::vector<std::string> argv{SLUICE_PROBE};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return run(argv);
+}
+}  // namespace
+
+TEST_CASE("sluice-probe delivers every record exactly once across epochs, shuffled and batched", "[probe]") {
+    dataset d({"--files", "8", "--records", "2000", "--record-size", "50", "--vary", "--seed", "7"});
+    const auto records = json_u64(d.summary, "records"), crc = json_u64(d.summary, "crc_sum"),
+               payload = json_u64(d.summary, "payload_bytes");
+    for (std::vector<std::string> extra : {std::vector<std::string>{"--threads", "1"},
+                                           {"--threads", "4", "--shuffle", "5000", "--seed", "3", "--chunk-size", "4096"},
+                                           {"--batch", "7", "--shuffle", "100", "--chunk-size", "1000000"}}) {
+        std::vector<std::string> args{"--json", "--quiet", "--epochs", "2", d.glob()};
+        args.insert(args.end(), extra.begin(), extra.end());
+        auto r = probe(args);
+        INFO(r.err << r.out);
+        REQUIRE(r.status == 0);
+        REQUIRE(json_u64(r.out, "records") == 2 * records);
+        REQUIRE(json_u64(r.out, "payload_bytes") == 2 * payload);
+        REQUIRE(json_u64(r.out, "crc_sum") == 2 * crc);  // mod 2^64 on both sides
+    }
+}
+
+TEST_CASE("sluice-probe's JSON has every figure the issue names", "[probe]") {
+    dataset d({"--files", "2", "--records", "100"});
+    auto r = probe({"--json", "--batch", "16", "--shuffle", "10", d.glob()});
+    INFO(r.err << r.out);
+    REQUIRE(r.status == 0);
+    for (auto key : {"records", "payload_bytes", "crc_sum", "seconds", "records_per_s", "bytes_per_s",
+                     "peak_rss_bytes", "bottleneck", "stages", "name", "items_in", "items_out", "bytes", "busy_s",
+                     "wait_input_s", "wait_output_s"})
+        REQUIRE(r.out.find(std::string("\"") + key + "\":") != std::string::npos);
+    for (auto stage : {"list", "plan", "read", "lines", "shuffle", "batch", "consumer"})
+        REQUIRE(r.out.find(std::string("\"name\":\"") + stage + "\"") != std::string::npos);
+    REQUIRE(json_u64(r.out, "peak_rss_bytes") > 0);
+    REQUIRE(r.err.find("bottleneck:") != std::string::npos);  // the final table on stderr
+}
+
+TEST_CASE("sluice-probe reads whole files as records with --format raw", "[probe]") {
+    dataset d({"--format", "raw", "--files", "5", "--records", "300", "--record-size", "1000"});
+    auto r = probe({"--json", "--quiet", "--format", "raw", "--chunk-size", "65536", d.glob("bin")});
+    INFO(r.err << r.out);
+    REQUIRE(r.status == 0);
+    REQUIRE(json_u64(r.out, "records") == 5);
+    REQUIRE(json_u64(r.out, "crc_sum") == json_u64(d.summary, "crc_sum"));
+}
+
+TEST_CASE("rank shares add up to the whole dataset", "[probe]") {
+    dataset d({"--files", "7", "--records", "300"});
+    std::uint64_t records = 0, crc = 0;
+    for (int rank = 0; rank < 3; ++rank) {
+        auto r = probe({"--json", "--quiet", "--seed", "9", "--rank", std::to_string(rank), "--world", "3", d.glob()});
+        REQUIRE(r.status == 0);
+        records += json_u64(r.out, "records");
+        crc += json_u64(r.out, "crc_sum");
+    }
+    REQUIRE(records == json_u64(d.summary, "records"));
+    REQUIRE(crc == json_u64(d.summary, "crc_sum"));
+}
+
+TEST_CASE("sluice-probe names the path that failed and exits non-zero", "[probe][errors]") {
+    dataset d({"--files", "2", "--records", "10"});
+    SECTION("a missing file") {
+        const auto missing = d.dir / "no-such-shard.txt";
+        auto r = probe({"--quiet", d.glob(), missing});
+        REQUIRE(r.status == 1);
+        REQUIRE(r.err.find("cannot open '" + missing + "'") != std::string::npos);
+    }
+    SECTION("a glob matching nothing") {
+        const auto pattern = d.dir / "nothing-*.tar";
+        auto r = probe({"--quiet", pattern});
+        REQUIRE(r.status == 1);
+        REQUIRE(r.err.find("no file matches '" + pattern + "'") != std::string::npos);
+    }
+    SECTION("an unreadable path") {
+        const auto bad = d.dir / "shard-000000.txt/inside";  // a file used as a directory
+        auto r = probe({"--quiet", bad});
+        REQUIRE(r.status == 1);
+        REQUIRE(r.err.find("cannot open '" + bad + "'") != std::string::npos);
+    }
+    SECTION("bad usage") {
+        auto r = probe({"--batch", "zero", d.glob()});
+        REQUIRE(r.status == 2);
+        REQUIRE(r.err.find("bad value 'zero' for --batch") != std::string::npos);
+    }
+}
+
+TEST_CASE("the trainer-loop example iterates batches from local shards", "[examples]") {
+    dataset d({"--files", "8", "--records", "500"});
+    auto r = run({SLUICE_TRAINER_LOOP, d.dir / "shard-{000000..000007}.txt"});
+    INFO(r.err);
+    REQUIRE(r.status == 0);
+    // 2 epochs of 4000 records in batches of 64, the partial last batch dropped.
+    REQUIRE(r.out == "steps 125 records 8000\n");
+}
+
+TEST_CASE("the custom-stage example composes the user's stage on the CPU pool", "[examples]") {
+    dataset d({"--files", "3", "--records", "100", "--vary"});
+    std::vector<std::string> argv{SLUICE_CUSTOM_STAGE};
+    for (int i = 0; i < 3; ++i) argv.push_back(d.dir / ("shard-00000" + std::to_string(i) + ".txt"));
+    auto r = run(argv);
+    INFO(r.err);
+    REQUIRE(r.status == 0);
+    // Every byte sluice-gen writes in a line is a letter.
+    REQUIRE(r.out == "batches 10 letters " + std::to_string(json_u64(d.summary, "payload_bytes")) + "\n");
+}

@@ -1,0 +1,144 @@
+#pragma once
+// Helpers shared by the tests: temporary directories, running programs, reading JSON
+// numbers, and a type that counts its copies, moves and destructions.
+
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <random>
+#include <regex>
+#include <string>
+#include <vector>
+
+namespace sluice_test {
+
+/// A fresh directory under the system temp dir, removed with everything in it.
+class temp_dir {
+public:
+    temp_dir() {
+        std::string tmpl = (std::filesystem::temp_directory_path() / "sluice-test-XXXXXX").string();
+        if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+        path_ = tmpl;
+    }
+    ~temp_dir() {
+        std::error_code ec;
+        std::filesystem::permissions(path_, std::filesystem::perms::owner_all, ec);
+        std::filesystem::remove_all(path_, ec);
+    }
+    const std::filesystem::path& path() const { return path_; }
+    std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+    std::string write(const std::string& name, const std::string& content) const {
+        auto p = path_ / name;
+        std::filesystem::create_directories(p.parent_path());
+        std::ofstream(p, std::ios::binary) << content;
+        return p.string();
+    }
+
+private:
+    std::filesystem::path path_;
+};
+
+struct run_result {
+    int status = -1;
+    std::string out, err;
+};
+
+/// Run argv[0] with arguments, capturing stdout and stderr (through files: no deadlock
+/// on full pipes).
+inline run_result run(const std::vector<std::string>& argv) {
+    temp_dir d;
+    const auto out = d / "stdout", err = d / "stderr";
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+        if (!std::freopen(out.c_str(), "w", stdout) || !std::freopen(err.c_str(), "w", stderr)) ::_exit(126);
+        std::vector<char*> args;
+        for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+        args.push_back(nullptr);
+        ::execv(args[0], args.data());
+        ::_exit(127);
+    }
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    run_result r;
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    auto slurp = [](const std::string& p) {
+        std::ifstream f(p, std::ios::binary);
+        return std::string(std::istreambuf_iterator<char>(f), {});
+    };
+    r.out = slurp(out);
+    r.err = slurp(err);
+    return r;
+}
+
+/// The number (or string) value of "key" in a flat-enough JSON text.
+inline std::optional<std::string> json_field(const std::string& json, const std::string& key) {
+    std::smatch m;
+    const std::regex re("\"" + key + "\":(\"[^\"]*\"|[-0-9.eE+]+|true|false)");
+    if (!std::regex_search(json, m, re)) return std::nullopt;
+    return m[1].str();
+}
+inline std::uint64_t json_u64(const std::string& json, const std::string& key) {
+    auto v = json_field(json, key);
+    INFO("JSON: " << json);
+    REQUIRE(v);
+    return std::stoull(*v);
+}
+
+/// Counts live instances, copies and moves: proves no leak and no double destruction.
+struct counted {
+    static inline std::atomic<long> live{0}, copies{0}, destroyed{0};
+    int value = 0;
+    bool alive = true;
+    explicit counted(int v = 0) : value(v) { ++live; }
+    counted(const counted& o) : value(o.value) {
+        if (!o.alive) std::abort();  // copied after destruction
+        ++live;
+        ++copies;
+    }
+    counted(counted&& o) noexcept : value(o.value) { ++live; }
+    counted& operator=(const counted& o) {
+        value = o.value;
+        ++copies;
+        return *this;
+    }
+    counted& operator=(counted&& o) noexcept {
+        value = o.value;
+        return *this;
+    }
+    ~counted() {
+        if (!alive) std::abort();  // destroyed twice
+        alive = false;
+        --live;
+        ++destroyed;
+    }
+    static void reset() {
+        live = 0;
+        copies = 0;
+        destroyed = 0;
+    }
+};
+
+/// An assertion for code running on other threads (Catch2's REQUIRE is not thread-safe):
+/// throws, and the test's runner rethrows on the test thread.
+inline void must(bool ok, const char* what = "check failed") {
+    if (!ok) throw std::runtime_error(what);
+}
+
+/// A seed printed with the test, overridable with SLUICE_TEST_SEED.
+inline std::uint64_t test_seed() {
+    static const std::uint64_t seed = [] {
+        if (const char* s = std::getenv("SLUICE_TEST_SEED")) return std::uint64_t(std::stoull(s));
+        return std::uint64_t(std::random_device{}());
+    }();
+    return seed;
+}
+
+}  // namespace sluice_test

@@ -1,0 +1,212 @@
+#include <sluice/core/channel.hpp>
+
+#include "support/test_support.hpp"
+
+#include <asio/thread_pool.hpp>
+
+#include <latch>
+#include <thread>
+
+using sluice::channel;
+using sluice::task;
+using sluice_test::counted;
+
+namespace {
+// Runs coroutines on a pool and waits for all of them.
+struct runner {
+    asio::thread_pool pool{4};
+    std::atomic<int> failures{0};
+    std::vector<std::exception_ptr> errors;
+    std::mutex m;
+    std::atomic<int> pending{0};
+    void go(task<void> t) {
+        ++pending;
+        sluice::spawn(pool.get_executor(), std::move(t), [this](std::exception_ptr e) {
+            if (e) {
+                std::lock_guard lock(m);
+                errors.push_back(e);
+            }
+            --pending;
+        });
+    }
+    void wait() {
+        for (int i = 0; i < 20000 && pending.load() != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        REQUIRE(pending.load() == 0);
+        for (auto& e : errors) REQUIRE_NOTHROW(std::rethrow_exception(e));
+    }
+    ~runner() { pool.join(); }
+};
+}  // namespace
+
+TEST_CASE("a closed channel still delivers what it buffered, then ends", "[channel]") {
+    channel<int> ch({8, 0});
+    for (int i = 0; i < 5; ++i) REQUIRE(ch.send_blocking(i));
+    ch.close();
+    for (int i = 0; i < 5; ++i) REQUIRE(ch.receive_blocking() == i);
+    REQUIRE_FALSE(ch.receive_blocking());
+    REQUIRE_FALSE(ch.send_blocking(9));  // closed: no more sends
+}
+
+TEST_CASE("a producer's error arrives after the buffered items", "[channel]") {
+    channel<int> ch({8, 0});
+    ch.add_producer(2);
+    ch.send_blocking(1);
+    ch.send_blocking(2);
+    ch.producer_done(std::make_exception_ptr(std::runtime_error("shard 7 is corrupt")));
+    ch.send_blocking(3);  // the other producer goes on
+    ch.producer_done();
+    REQUIRE(ch.receive_blocking() == 1);
+    REQUIRE(ch.receive_blocking() == 2);
+    REQUIRE(ch.receive_blocking() == 3);
+    REQUIRE_THROWS_WITH(ch.receive_blocking(), "shard 7 is corrupt");
+}
+
+TEST_CASE("the channel closes when its last producer is done", "[channel]") {
+    channel<int> ch({4, 0});
+    ch.add_producer(3);
+    ch.producer_done();
+    ch.producer_done();
+    REQUIRE_FALSE(ch.closed());
+    ch.producer_done();
+    REQUIRE(ch.closed());
+    REQUIRE_FALSE(ch.receive_blocking());
+}
+
+TEST_CASE("send suspends while the channel is full in items", "[channel]") {
+    runner r;
+    channel<int> ch({2, 0});
+    std::atomic<int> sent{0};
+    r.go([](channel<int>& ch, std::atomic<int>& sent) -> task<void> {
+        for (int i = 0; i < 5; ++i) {
+            sluice_test::must(co_await ch.send(i));
+            ++sent;
+        }
+        ch.close();
+    }(ch, sent));
+    for (int i = 0; i < 200 && sent.load() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    CHECK(sent.load() == 2);  // the third send waits for room
+    CHECK(ch.size() == 2);
+    for (int i = 0; i < 5; ++i) REQUIRE(ch.receive_blocking() == i);
+    REQUIRE_FALSE(ch.receive_blocking());
+    r.wait();
+}
+
+TEST_CASE("a byte budget bounds the channel, and one oversized item still passes", "[channel]") {
+    channel<std::string> ch({100, 10});
+    REQUIRE(ch.send_blocking(std::string(6, 'a')));
+    REQUIRE(ch.buffered_bytes() == 6);
+    std::thread t([&] { REQUIRE(ch.send_blocking(std::string(6, 'b'))); });  // 12 > 10: waits
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    CHECK(ch.size() == 1);
+    REQUIRE(ch.receive_blocking()->front() == 'a');
+    t.join();
+    REQUIRE(ch.receive_blocking()->front() == 'b');
+    // Empty channel: an item above the budget is admitted rather than deadlocking.
+    REQUIRE(ch.send_blocking(std::string(50, 'c')));
+    REQUIRE(ch.buffered_bytes() == 50);
+    REQUIRE(ch.receive_blocking()->size() == 50);
+}
+
+TEST_CASE("cancel wakes every waiting sender and receiver", "[channel]") {
+    runner r;
+    channel<int> full({1, 0});
+    channel<int> empty({1, 0});
+    full.send_blocking(0);
+    std::atomic<int> senders_failed{0}, receivers_ended{0};
+    for (int i = 0; i < 4; ++i) {
+        r.go([](channel<int>& ch, std::atomic<int>& n) -> task<void> {
+            if (!co_await ch.send(1)) ++n;
+        }(full, senders_failed));
+        r.go([](channel<int>& ch, std::atomic<int>& n) -> task<void> {
+            if (!(co_await ch.receive())) ++n;
+        }(empty, receivers_ended));
+    }
+    std::thread blocked_receiver([&] {
+        if (!empty.receive_blocking()) ++receivers_ended;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    CHECK(senders_failed.load() == 0);
+    CHECK(receivers_ended.load() == 0);
+    full.cancel();
+    empty.cancel();
+    r.wait();
+    blocked_receiver.join();
+    REQUIRE(senders_failed.load() == 4);
+    REQUIRE(receivers_ended.load() == 5);
+    REQUIRE_FALSE(full.send_blocking(2));  // later sends fail
+    REQUIRE_FALSE(full.receive_blocking());  // and the buffered item was dropped
+}
+
+TEST_CASE("cancel destroys buffered items exactly once and the channel leaks nothing", "[channel]") {
+    counted::reset();
+    {
+        channel<counted> ch({16, 0});
+        for (int i = 0; i < 10; ++i) ch.send_blocking(counted(i));
+        REQUIRE(counted::live.load() == 10);
+        REQUIRE(ch.receive_blocking()->value == 0);
+        ch.cancel();
+        REQUIRE(counted::live.load() == 0);
+        for (int i = 0; i < 5; ++i) ch.send_blocking(counted(i));  // refused and destroyed
+        REQUIRE(counted::live.load() == 0);
+    }
+    {
+        channel<counted> ch({16, 0});
+        for (int i = 0; i < 7; ++i) ch.send_blocking(counted(i));
+    }  // destroyed with items inside
+    REQUIRE(counted::live.load() == 0);
+    REQUIRE(counted::copies.load() == 0);  // items are moved, never copied
+}
+
+TEST_CASE("receive reports each item's position in the order items left", "[channel]") {
+    runner r;
+    channel<int> ch({4, 0});
+    for (int i = 0; i < 3; ++i) ch.send_blocking(i * 10);
+    std::vector<std::uint64_t> seen;
+    r.go([](channel<int>& ch, std::vector<std::uint64_t>& seen) -> task<void> {
+        for (int i = 0; i < 3; ++i) {
+            std::uint64_t idx = 99;
+            auto v = co_await ch.receive(nullptr, &idx);
+            sluice_test::must(v.has_value());
+            seen.push_back(idx);
+        }
+    }(ch, seen));
+    r.wait();
+    REQUIRE(seen == std::vector<std::uint64_t>{0, 1, 2});
+}
+
+TEST_CASE("many producers and consumers deliver every item exactly once", "[channel][mpmc]") {
+    counted::reset();
+    constexpr int producers = 8, per_producer = 20000, coro_consumers = 4;
+    {
+        runner r;
+        channel<counted> ch({32, 0});
+        ch.add_producer(producers);
+        std::atomic<std::int64_t> sum{0}, count{0};
+        for (int p = 0; p < producers; ++p)
+            r.go([](channel<counted>& ch, int p) -> task<void> {
+                for (int i = 0; i < per_producer; ++i) sluice_test::must(co_await ch.send(counted(p * per_producer + i)));
+                ch.producer_done();
+            }(ch, p));
+        for (int c = 0; c < coro_consumers; ++c)
+            r.go([](channel<counted>& ch, std::atomic<std::int64_t>& sum, std::atomic<std::int64_t>& count) -> task<void> {
+                while (auto v = co_await ch.receive()) {
+                    sum += v->value;
+                    ++count;
+                }
+            }(ch, sum, count));
+        std::thread blocking([&] {  // an ordinary thread consumes too
+            while (auto v = ch.receive_blocking()) {
+                sum += v->value;
+                ++count;
+            }
+        });
+        r.wait();
+        blocking.join();
+        const std::int64_t n = std::int64_t(producers) * per_producer;
+        REQUIRE(count.load() == n);
+        REQUIRE(sum.load() == n * (n - 1) / 2);
+    }
+    REQUIRE(counted::live.load() == 0);
+    REQUIRE(counted::copies.load() == 0);
+}

@@ -1,0 +1,105 @@
+#include <sluice/core/stage.hpp>
+
+#include "support/test_support.hpp"
+
+#include <sluice/core/pipeline.hpp>
+#include <sluice/ops/from.hpp>
+#include <sluice/ops/map.hpp>
+
+#include <algorithm>
+#include <thread>
+
+namespace {
+std::vector<int> iota(int n) {
+    std::vector<int> v(n);
+    for (int i = 0; i < n; ++i) v[i] = i;
+    return v;
+}
+template <class T>
+std::vector<T> drain(sluice::source<T> s, sluice::pipeline_options o = {}) {
+    std::vector<T> out;
+    for (auto& x : sluice::pipeline(std::move(s), o)) out.push_back(x);
+    return out;
+}
+}  // namespace
+
+TEST_CASE("stages compose with | and by direct call, checked by type", "[stage]") {
+    auto twice = sluice::map([](int x) { return 2 * x; });
+    auto to_string = sluice::map([](int x) { return std::to_string(x); });
+    auto both = twice | to_string;  // a partial pipeline, stored and reused
+    static_assert(std::is_same_v<decltype(both), sluice::stage<int, std::string>>);
+    REQUIRE(drain(sluice::from(iota(3)) | both) == std::vector<std::string>{"0", "2", "4"});
+    REQUIRE(drain(both(sluice::from(iota(2)))) == std::vector<std::string>{"0", "2"});
+    REQUIRE(drain(sluice::from(iota(2)) | both) == std::vector<std::string>{"0", "2"});  // reused
+}
+
+TEST_CASE("a custom stage is a coroutine body over its ports", "[stage]") {
+    // Emits each item n times: one input, many outputs, with state across items.
+    auto repeat = sluice::make_stage<int, int>(
+        "repeat", {}, [](sluice::stage_context<int, int>& ctx) -> sluice::task<void> {
+            int seen = 0;
+            while (auto x = co_await ctx.in.next()) {
+                for (int i = 0; i < *x; ++i) co_await ctx.out.send(*x);
+                ++seen;
+            }
+            co_await ctx.out.send(-seen);  // a trailer after the end of input
+        });
+    REQUIRE(drain(sluice::from(std::vector<int>{1, 2, 3}) | repeat) == std::vector<int>{1, 2, 2, 3, 3, 3, -3});
+}
+
+TEST_CASE("an ordered stage with several workers keeps input order", "[stage]") {
+    auto jittery = sluice::make_item_stage<int, int>(
+        "jitter", {.concurrency = 4, .order = sluice::ordering::ordered},
+        [](int&& x, std::vector<int>& out) {
+            std::this_thread::sleep_for(std::chrono::microseconds((x * 7919) % 500));
+            out.push_back(x);
+            if (x % 3 == 0) out.push_back(-x);  // several outputs for one input stay together
+        });
+    auto got = drain(sluice::from(iota(300)) | jittery, {.runtime = {.cpu_threads = 4}});
+    std::vector<int> want;
+    for (int x = 0; x < 300; ++x) {
+        want.push_back(x);
+        if (x % 3 == 0) want.push_back(-x);
+    }
+    REQUIRE(got == want);
+}
+
+TEST_CASE("an unordered stage with several workers delivers every item", "[stage]") {
+    auto m = sluice::map(
+        [](int x) {
+            std::this_thread::sleep_for(std::chrono::microseconds((x * 31) % 300));
+            return x;
+        },
+        {.threads = 4, .order = sluice::ordering::unordered});
+    auto got = drain(sluice::from(iota(500)) | m, {.runtime = {.cpu_threads = 4}});
+    std::sort(got.begin(), got.end());
+    REQUIRE(got == iota(500));
+}
+
+TEST_CASE("a stage runs on the executor it asks for", "[stage]") {
+    auto where = [](sluice::pool p) {
+        return sluice::make_stage<int, bool>(
+            "where", {.on = p}, [](sluice::stage_context<int, bool>& ctx) -> sluice::task<void> {
+                auto ex = co_await sluice::current_executor{};
+                const bool on_io = ex == sluice::executor(ctx.rt.io_executor());
+                while (co_await ctx.in.next()) co_await ctx.out.send(on_io);
+            });
+    };
+    REQUIRE(drain(sluice::from(iota(1)) | where(sluice::pool::io)) == std::vector<bool>{true});
+    REQUIRE(drain(sluice::from(iota(1)) | where(sluice::pool::cpu)) == std::vector<bool>{false});
+}
+
+TEST_CASE("a failing stage sends its error after the items before it", "[stage]") {
+    for (unsigned threads : {1u, 4u}) {
+        auto m = sluice::map(
+            [](int x) {
+                if (x == 50) throw std::runtime_error("bad record 50");
+                return x;
+            },
+            {.threads = threads});
+        std::vector<int> got;
+        sluice::pipeline p(sluice::from(iota(100)) | m, {.runtime = {.cpu_threads = 4}});
+        REQUIRE_THROWS_WITH([&] { for (int x : p) got.push_back(x); }(), "bad record 50");
+        REQUIRE(got == iota(50));  // ordered: every item before the failing one, none after
+    }
+}

@@ -1,0 +1,84 @@
+#include <sluice/formats/lines.hpp>
+
+#include "support/test_support.hpp"
+
+#include <sluice/core/pipeline.hpp>
+#include <sluice/core/detail/random.hpp>
+#include <sluice/ops/from.hpp>
+
+namespace {
+// Cut `text` into chunks of the given sizes (cycled) from one shard.
+std::vector<sluice::chunk> cut(const std::string& text, const std::vector<std::size_t>& sizes, const std::string& url = "f") {
+    auto s = std::make_shared<const sluice::shard>(sluice::shard{url, 0, 0});
+    std::vector<sluice::chunk> out;
+    std::size_t off = 0, k = 0;
+    auto all = sluice::bytes::copy_of(text);
+    do {
+        const auto n = std::min(sizes[k++ % sizes.size()], text.size() - off);
+        out.push_back({s, off, all.slice(off, n), off + n == text.size()});
+        off += n;
+    } while (off < text.size());
+    return out;
+}
+std::vector<std::string> decode(std::vector<sluice::chunk> chunks) {
+    std::vector<std::string> out;
+    for (auto& r : sluice::pipeline(sluice::from(std::move(chunks)) | sluice::lines())) out.emplace_back(r.data.view());
+    return out;
+}
+using V = std::vector<std::string>;
+}  // namespace
+
+TEST_CASE("one record per line, terminators dropped, last line without newline kept", "[lines]") {
+    REQUIRE(decode(cut("a\nbb\r\n\nccc", {100})) == V{"a", "bb", "", "ccc"});
+    REQUIRE(decode(cut("a\nb\n", {100})) == V{"a", "b"});
+    REQUIRE(decode(cut("", {100})) == V{});
+}
+
+TEST_CASE("lines cut by chunk boundaries are the same at every chunk size", "[lines][streaming]") {
+    const auto seed = sluice_test::test_seed();
+    INFO("seed " << seed);
+    sluice::detail::rng r(seed);
+    std::string text;
+    V want;
+    for (int i = 0; i < 500; ++i) {
+        std::string line(r.below(300), 'a');
+        for (auto& c : line) c = char('a' + r.below(26));
+        want.push_back(line);
+        text += line + (r.below(4) == 0 ? "\r\n" : "\n");
+    }
+    for (std::size_t size : {1, 2, 3, 7, 64, 1000, 100000}) {
+        INFO("chunk size " << size);
+        REQUIRE(decode(cut(text, {size})) == want);
+    }
+    for (int t = 0; t < 20; ++t) {
+        std::vector<std::size_t> sizes;
+        for (int k = 0; k < 16; ++k) sizes.push_back(1 + r.below(500));
+        REQUIRE(decode(cut(text, sizes)) == want);
+    }
+}
+
+TEST_CASE("records inside a chunk are slices of it; offsets and indices are exact", "[lines]") {
+    auto chunks = cut("alpha\nbeta\ngamma\n", {8});
+    const auto* first_chunk = chunks[0].data.data();
+    std::vector<sluice::record> rs;
+    for (auto& r : sluice::pipeline(sluice::from(std::move(chunks)) | sluice::lines())) rs.push_back(r);
+    REQUIRE(rs.size() == 3);
+    REQUIRE(rs[0].data.data() == first_chunk);  // no copy
+    REQUIRE(rs[1].offset == 6);                   // "beta" straddles two chunks: copied
+    REQUIRE(rs[1].data.view() == "beta");
+    REQUIRE(rs[2].offset == 11);
+    REQUIRE(rs[2].index == 2);
+    REQUIRE(rs[2].key() == "f#2");
+}
+
+TEST_CASE("chunks of several files may interleave", "[lines]") {
+    auto a = cut("a1\na2\na3\n", {4}, "A"), b = cut("b1\nb2\n", {4}, "B");
+    std::vector<sluice::chunk> mixed;
+    for (std::size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+        if (i < a.size()) mixed.push_back(a[i]);
+        if (i < b.size()) mixed.push_back(b[i]);
+    }
+    auto got = decode(mixed);
+    std::sort(got.begin(), got.end());
+    REQUIRE(got == V{"a1", "a2", "a3", "b1", "b2"});
+}

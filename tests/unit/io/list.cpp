@@ -1,0 +1,47 @@
+#include <sluice/io/list.hpp>
+
+#include "support/test_support.hpp"
+
+#include <sluice/core/pipeline.hpp>
+
+using sluice::detail::expand_braces;
+using V = std::vector<std::string>;
+
+TEST_CASE("brace ranges expand as WebDataset writes them", "[list]") {
+    REQUIRE(expand_braces("shard-{000..003}.tar") == V{"shard-000.tar", "shard-001.tar", "shard-002.tar", "shard-003.tar"});
+    REQUIRE(expand_braces("s{8..11}") == V{"s8", "s9", "s10", "s11"});
+    REQUIRE(expand_braces("s{3..1}") == V{"s3", "s2", "s1"});
+    REQUIRE(expand_braces("{train,val}/p{0..1}") == V{"train/p0", "train/p1", "val/p0", "val/p1"});
+    REQUIRE(expand_braces("{a,b{1,2}}x") == V{"ax", "b1x", "b2x"});
+    REQUIRE(expand_braces("plain.txt") == V{"plain.txt"});
+    REQUIRE(expand_braces("lit{x}eral") == V{"lit{x}eral"});
+    REQUIRE(expand_braces("s3://bucket/shard-{0..1}.tar") == V{"s3://bucket/shard-0.tar", "s3://bucket/shard-1.tar"});
+    REQUIRE(expand_braces("shard-{000000..127999}.tar").size() == 128000);
+}
+
+TEST_CASE("globs and directories expand sorted; URLs pass through", "[list]") {
+    sluice_test::temp_dir d;
+    for (auto n : {"b.txt", "a.txt", "c.bin", "sub/z.txt"}) d.write(n, "x");
+    REQUIRE(sluice::expand({d / "*.txt"}) == V{d / "a.txt", d / "b.txt"});
+    REQUIRE(sluice::expand({d.path().string()}) == V{d / "a.txt", d / "b.txt", d / "c.bin", d / "sub/z.txt"});
+    REQUIRE(sluice::expand({"file://" + d / "{a,b}.txt"}) == V{d / "a.txt", d / "b.txt"});
+    REQUIRE(sluice::expand({"http://host/x-{1..2}"}) == V{"http://host/x-1", "http://host/x-2"});
+    REQUIRE(sluice::expand({d / "missing.txt"}) == V{d / "missing.txt"});  // named when read
+}
+
+TEST_CASE("a glob matching nothing is an error naming the pattern", "[list]") {
+    sluice_test::temp_dir d;
+    const auto pattern = d / "nothing-*.tar";
+    REQUIRE_THROWS_WITH(sluice::expand({pattern}), Catch::Contains("no file matches '" + pattern + "'"));
+    sluice::pipeline p(sluice::list(pattern));
+    REQUIRE_THROWS_WITH(p.next_blocking(), Catch::Contains(pattern));
+}
+
+TEST_CASE("list is a source of paths", "[list]") {
+    sluice_test::temp_dir d;
+    d.write("x1", "");
+    d.write("x2", "");
+    V got;
+    for (auto& s : sluice::pipeline(sluice::list({d / "x{1..2}"}))) got.push_back(s);
+    REQUIRE(got == V{d / "x1", d / "x2"});
+}

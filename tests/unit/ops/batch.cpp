@@ -1,0 +1,67 @@
+#include <sluice/ops/batch.hpp>
+
+#include "support/test_support.hpp"
+
+#include <sluice/core/pipeline.hpp>
+#include <sluice/ops/from.hpp>
+
+namespace {
+std::vector<sluice::record> records(const std::vector<std::string>& texts) {
+    auto s = std::make_shared<const sluice::shard>(sluice::shard{"f", 0, 0});
+    std::vector<sluice::record> out;
+    for (std::size_t i = 0; i < texts.size(); ++i) out.push_back({sluice::bytes::copy_of(texts[i]), s, i, 0});
+    return out;
+}
+}  // namespace
+
+TEST_CASE("records are collated into one buffer with offsets", "[batch]") {
+    std::vector<sluice::host_batch> got;
+    for (auto& b : sluice::pipeline(sluice::from(records({"a", "bcd", "", "efgh", "ij"})) | sluice::batch({.size = 2})))
+        got.push_back(b);
+    REQUIRE(got.size() == 3);
+    REQUIRE(got[0].size() == 2);
+    REQUIRE(got[0].data.view() == "abcd");
+    REQUIRE(got[0].offsets == std::vector<std::uint64_t>{0, 1, 4});
+    auto r1 = got[0][1];
+    REQUIRE(std::string(reinterpret_cast<const char*>(r1.data()), r1.size()) == "bcd");
+    REQUIRE(got[1][0].empty());  // ragged, even empty, records
+    REQUIRE(got[1].data.view() == "efgh");
+    REQUIRE(got[2].size() == 1);  // the partial last batch
+    REQUIRE(got[2].key(0) == "f#4");
+}
+
+TEST_CASE("drop_last drops a partial last batch", "[batch]") {
+    std::size_t n = 0;
+    for (auto& b : sluice::pipeline(sluice::from(records({"a", "b", "c"})) | sluice::batch({.size = 2, .drop_last = true}))) {
+        REQUIRE(b.size() == 2);
+        ++n;
+    }
+    REQUIRE(n == 1);
+}
+
+TEST_CASE("a user collate function makes any batch type", "[batch]") {
+    std::vector<int> got;
+    auto sums = sluice::batch({.size = 3}, [](std::vector<int>& g) {
+        int s = 0;
+        for (int x : g) s += x;
+        return s;
+    });
+    for (int s : sluice::pipeline(sluice::from<int>({1, 2, 3, 4, 5, 6, 7}) | sums)) got.push_back(s);
+    REQUIRE(got == std::vector<int>{6, 15, 7});
+}
+
+TEST_CASE("batches are collated into memory from the given source", "[batch]") {
+    struct counting_source : sluice::buffer_source {
+        std::atomic<int> calls{0};
+        std::shared_ptr<sluice::buffer> allocate(std::size_t n) override {
+            ++calls;
+            return std::make_shared<sluice::buffer>(n);
+        }
+    };
+    auto mem = std::make_shared<counting_source>();
+    std::size_t n = 0;
+    for (auto& b : sluice::pipeline(sluice::from(records({"x", "y", "z"})) | sluice::batch({.size = 1, .memory = mem})))
+        n += b.size();
+    REQUIRE(n == 3);
+    REQUIRE(mem->calls.load() == 3);
+}
