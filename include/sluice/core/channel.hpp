@@ -314,12 +314,16 @@ public:
     public:
         send_awaiter(channel& ch, T&& v, std::atomic<std::uint64_t>* wait_ns)
             : ch_(ch), item_(std::move(v)), wait_ns_(wait_ns) {}
+        // The mutex stays locked from a false await_ready to the end of await_suspend, so
+        // no wake-up can slip in between. No unique_lock member: once the mutex is
+        // released the coroutine may already run (and reuse this frame's memory) on another
+        // thread, so releasing it must be the last thing that touches this object.
         bool await_ready() {
-            lock_ = std::unique_lock(ch_.m_);
+            ch_.m_.lock();
             const int r = ch_.try_send_locked(item_);
-            if (r < 0) return false;  // keep the lock until await_suspend queues us
+            if (r < 0) return false;
             w_.ok = r == 1;
-            lock_.unlock();
+            ch_.m_.unlock();
             return true;
         }
         template <class P>
@@ -330,7 +334,7 @@ public:
             w_.weight = ch_.weigh(item_);
             if (wait_ns_) t0_ = detail::now_ns();
             ch_.senders_.push(&w_);
-            lock_.unlock();
+            ch_.m_.unlock();  // last touch of *this
         }
         bool await_resume() {
             if (t0_) wait_ns_->fetch_add(detail::now_ns() - t0_, std::memory_order_relaxed);
@@ -342,7 +346,6 @@ public:
         T item_;
         std::atomic<std::uint64_t>* wait_ns_;
         std::uint64_t t0_ = 0;
-        std::unique_lock<std::mutex> lock_;
         send_waiter w_;
     };
 
@@ -350,10 +353,10 @@ public:
     public:
         receive_awaiter(channel& ch, std::atomic<std::uint64_t>* wait_ns, std::uint64_t* index)
             : ch_(ch), wait_ns_(wait_ns), index_(index) {}
-        bool await_ready() {
-            lock_ = std::unique_lock(ch_.m_);
+        bool await_ready() {  // see send_awaiter on the mutex
+            ch_.m_.lock();
             if (!ch_.try_receive_locked(out_, index_, w_.error)) return false;
-            lock_.unlock();
+            ch_.m_.unlock();
             return true;
         }
         template <class P>
@@ -364,7 +367,7 @@ public:
             w_.index = index_;
             if (wait_ns_) t0_ = detail::now_ns();
             ch_.receivers_.push(&w_);
-            lock_.unlock();
+            ch_.m_.unlock();  // last touch of *this
         }
         std::optional<T> await_resume() {
             if (t0_) wait_ns_->fetch_add(detail::now_ns() - t0_, std::memory_order_relaxed);
@@ -377,7 +380,6 @@ public:
         std::atomic<std::uint64_t>* wait_ns_;
         std::uint64_t* index_;
         std::uint64_t t0_ = 0;
-        std::unique_lock<std::mutex> lock_;
         std::optional<T> out_;
         recv_waiter w_;
     };

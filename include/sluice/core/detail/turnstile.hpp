@@ -26,11 +26,13 @@ public:
     class awaiter {
     public:
         awaiter(turnstile& t, std::uint64_t ticket) : t_(t) { w_.ticket = ticket; }
+        // Locked from a false await_ready to the end of await_suspend; unlocking is the
+        // last touch of *this (see channel's send_awaiter).
         bool await_ready() {
-            lock_ = std::unique_lock(t_.m_);
+            t_.m_.lock();
             if (t_.cancelled_ || t_.next_ == w_.ticket) {
                 w_.ok = !t_.cancelled_;
-                lock_.unlock();
+                t_.m_.unlock();
                 return true;
             }
             return false;
@@ -40,7 +42,7 @@ public:
             w_.h = h;
             w_.ex = h.promise().ex;
             t_.waiting_.push_back(&w_);
-            lock_.unlock();
+            t_.m_.unlock();
         }
         void await_resume() const {
             if (!w_.ok) throw stopped{};
@@ -48,7 +50,6 @@ public:
 
     private:
         turnstile& t_;
-        std::unique_lock<std::mutex> lock_;
         turn_waiter w_;
     };
 
