@@ -36,6 +36,8 @@ options:
   --rank R --world W     read share R of W (default 0 of 1)
   --threads T            CPU pool threads (default: hardware threads)
   --chunk-size BYTES     read size (default 4194304)
+  --channel-bytes BYTES  byte budget of each channel (read, decode, batch) and of the
+                         buffer pool's cache (default 67108864); reported as budget_bytes
   --no-crc               skip the per-record crc32 (measures the pipeline alone)
   --progress SECONDS     progress line interval on stderr; 0 = none (default 1)
   --quiet                no progress line and no table
@@ -53,6 +55,7 @@ struct options {
     unsigned rank = 0, world = 1;
     unsigned threads = 0;
     std::size_t chunk_size = 4u << 20;
+    std::size_t channel_bytes = 64u << 20;
     bool crc = true;
     double progress = 1;
     bool quiet = false;
@@ -108,6 +111,8 @@ options parse(int argc, char** argv) {
         } else if (a == "--chunk-size") {
             o.chunk_size = number<std::size_t>(a, value());
             if (o.chunk_size == 0) usage_error("--chunk-size must be at least 1");
+        } else if (a == "--channel-bytes") {
+            o.channel_bytes = number<std::size_t>(a, value());
         } else if (a == "--no-crc") {
             o.crc = false;
         } else if (a == "--progress") {
@@ -142,12 +147,16 @@ int main(int argc, char** argv) {
 
     auto src = sluice::list(o.sources) |
                sluice::plan({.epochs = o.epochs, .seed = o.seed, .rank = o.rank, .world = o.world}) |
-               sluice::read({.chunk_size = o.chunk_size});
-    auto records = o.format == "raw" ? src | sluice::raw() : src | sluice::lines();
+               sluice::read({.chunk_size = o.chunk_size, .out = {16, o.channel_bytes}});
+    auto records = o.format == "raw" ? src | sluice::raw({64, o.channel_bytes}) : src | sluice::lines({1024, o.channel_bytes});
     if (o.shuffle > 0) records = records | sluice::shuffle({.buffer = o.shuffle, .seed = o.seed.value_or(0)});
-    auto batches = records | sluice::batch({.size = o.batch, .drop_last = o.drop_last});
+    auto batches = records | sluice::batch({.size = o.batch, .drop_last = o.drop_last, .out = {4, o.channel_bytes}});
+    // What the configuration bounds: three channels and the pool's cache of free buffers.
+    // On top: the shuffle buffer (records), one chunk per reader, the batch being built
+    // and the batch the consumer holds.
+    const std::uint64_t budget_bytes = 4ull * o.channel_bytes;
 
-    sluice::pipeline_options popts{.runtime = {.cpu_threads = o.threads}};
+    sluice::pipeline_options popts{.runtime = {.cpu_threads = o.threads, .pool_cache_bytes = o.channel_bytes}};
     if (!o.quiet && o.progress > 0)
         popts.progress = std::chrono::milliseconds(static_cast<long>(o.progress * 1000));
     sluice::pipeline p(batches, popts);
@@ -190,6 +199,7 @@ int main(int argc, char** argv) {
         w.key("records_per_s").value(double(n_records) / s);
         w.key("bytes_per_s").value(double(payload) / s);
         w.key("peak_rss_bytes").value(peak_rss_bytes());
+        w.key("budget_bytes").value(budget_bytes);
         w.key("bottleneck").value(f.bottleneck());
         w.key("stages");
         f.write_stages(w);

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Runs each benchmark beside its peer, on the same data in the same run, and prints the
+# figures and ratios (one JSON object per line on stdout, a summary on stderr).
+#   bench/run.sh [channel|local|memory]...     (default: all)
+# Data goes to build-release/bench-data (about 2.1 GiB, made once).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/deps.sh
+build=build-release
+cmake --preset release >/dev/null
+cmake --build --preset release -j"$(nproc)" --target channel_hop sluice-probe sluice-gen >/dev/null
+probe=$build/examples/sluice-probe
+field() { grep -o "\"$1\":[^,}]*" | head -1 | cut -d: -f2 | tr -d '"'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
+now() { date +%s.%N; }
+what=("$@")
+[ ${#what[@]} -eq 0 ] && what=(channel local memory)
+
+data=$build/bench-data
+make_data() {
+  [ -f "$data/expected.json" ] && return
+  echo "generating $data: 64 files of 100 KiB lines, 2.06 GiB ..." >&2
+  "$build/examples/sluice-gen" "$data/shards" --files 64 --records 330 --record-size 102400 --seed 5 > "$data/expected.json.tmp"
+  mv "$data/expected.json.tmp" "$data/expected.json"
+}
+
+for w in "${what[@]}"; do
+  case $w in
+  channel)
+    # Peer: a plain loop doing the same arithmetic. Goal: >= 10 M items/s per hop.
+    for threads in 1 2; do
+      out=$("$build/bench/channel_hop" 20000000 "$threads")
+      echo "$out"
+      echo "channel hop ($threads cpu thread(s)): $(echo "$out" | field hop_items_per_s) items/s per hop," \
+           "$(echo "$out" | field ns_per_hop) ns per hop; plain loop $(echo "$out" | field plain_loop_items_per_s) items/s" >&2
+    done
+    ;;
+  local)
+    # Peer: cat of the same files to /dev/null, warm cache. Goal: sluice >= 0.8 x cat.
+    make_data
+    files=("$data"/shards/shard-*.txt)
+    bytes=$(cat "${files[@]}" | wc -c)  # also warms the page cache
+    best_cat=0
+    for i in 1 2 3; do
+      t0=$(now); cat "${files[@]}" > /dev/null; t1=$(now)
+      gbs=$(awk -v b="$bytes" -v a="$t0" -v c="$t1" 'BEGIN { printf "%.3f", b / (c - a) / 1e9 }')
+      best_cat=$(awk -v x="$gbs" -v y="$best_cat" 'BEGIN { print (x > y) ? x : y }')
+    done
+    for crc in no-crc crc; do
+      flags=(--json --quiet --shuffle 10000 --seed 1 --batch 256)
+      [ $crc = no-crc ] && flags+=(--no-crc)
+      best=0; out=""
+      for i in 1 2 3; do
+        o=$("$probe" "${flags[@]}" "$data/shards/shard-*.txt")
+        gbs=$(echo "$o" | field bytes_per_s | awk '{ printf "%.3f", $1 / 1e9 }')
+        if awk -v x="$gbs" -v y="$best" 'BEGIN { exit !(x > y) }'; then best=$gbs; out=$o; fi
+      done
+      echo "$out"
+      [ $crc = crc ] && { [ "$(echo "$out" | field crc_sum)" = "$(field crc_sum < "$data/expected.json")" ] || { echo "crc_sum mismatch" >&2; exit 1; }; }
+      echo "{\"bench\":\"local_read\",\"mode\":\"$crc\",\"bytes\":$bytes,\"sluice_gb_per_s\":$best,\"cat_gb_per_s\":$best_cat,\"ratio\":$(ratio "$best" "$best_cat")}"
+      echo "local read ($crc, shuffle 10000, batch 256): sluice $best GB/s, cat $best_cat GB/s, ratio $(ratio "$best" "$best_cat")" \
+           "(bottleneck: $(echo "$out" | field bottleneck))" >&2
+    done
+    ;;
+  memory)
+    # Peak RSS streaming a dataset >= 20 x the configured budgets. Goal: <= budgets + 64 MiB.
+    make_data
+    budget_each=$((16 << 20))
+    out=$("$probe" --json --quiet --no-crc --batch 64 --channel-bytes $budget_each "$data/shards/shard-*.txt")
+    echo "$out"
+    rss=$(echo "$out" | field peak_rss_bytes); budget=$(echo "$out" | field budget_bytes)
+    payload=$(echo "$out" | field payload_bytes)
+    echo "{\"bench\":\"memory\",\"dataset_bytes\":$payload,\"budget_bytes\":$budget,\"dataset_over_budget\":$(ratio "$payload" "$budget"),\"peak_rss_bytes\":$rss,\"rss_over_budget_mib\":$(awk -v r="$rss" -v b="$budget" 'BEGIN { printf "%.1f", (r - b) / 1048576 }')}"
+    echo "memory: dataset $(ratio "$payload" "$budget") x budgets ($((budget >> 20)) MiB); peak RSS $((rss >> 20)) MiB;" \
+         "goal <= $(((budget >> 20) + 64)) MiB" >&2
+    ;;
+  *) echo "unknown benchmark $w (channel, local, memory)" >&2; exit 2 ;;
+  esac
+done
