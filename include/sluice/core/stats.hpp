@@ -7,10 +7,11 @@
 // downstream. Clocks are read only when a channel operation actually suspends; time
 // "working" is the worker's lifetime minus its waits.
 //
-// Bottleneck: the stage whose workers spend the largest share of their time working (not
-// waiting). In a chain, that stage's producer waits for room and its consumer waits for
-// input. The trainer is counted as a pseudo-stage named "consumer": when the pipeline
-// waits on it, it is the bottleneck, and the pipeline is fast enough.
+// Bottleneck: the stage whose workers spent the most time working (not waiting), per
+// worker. In a chain, that stage's producer waits for room and its consumer waits for
+// input, while it works all along. The trainer is counted as a pseudo-stage named
+// "consumer" (busy between its receives): when the pipeline waits on it, it is the
+// bottleneck, and the pipeline is fast enough.
 
 #include <sluice/core/detail/json.hpp>
 
@@ -124,11 +125,14 @@ struct pipeline_figures {
     double seconds = 0;
     std::vector<stage_figures> stages;  // the last one is "consumer"
 
-    /// The stage that limits throughput (see the header comment).
+    /// The stage that limits throughput: the one whose workers spent the most time
+    /// working (busy seconds per worker). A stage that finished early (list, plan) or
+    /// spent its time waiting on its neighbours cannot be it.
     std::string bottleneck() const {
         const stage_figures* best = nullptr;
+        auto load = [](const stage_figures& s) { return s.busy_s / (s.workers ? s.workers : 1); };
         for (auto& s : stages)
-            if (!best || s.utilization() > best->utilization()) best = &s;
+            if (!best || load(s) > load(*best)) best = &s;
         return best ? best->name : std::string{};
     }
     /// Records counted at the last stage that produces records (a decoder), or the
