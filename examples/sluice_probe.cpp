@@ -36,8 +36,8 @@ options:
   --rank R --world W     read share R of W (default 0 of 1)
   --threads T            CPU pool threads (default: hardware threads)
   --chunk-size BYTES     read size (default 4194304)
-  --channel-bytes BYTES  byte budget of each channel (read, decode, batch) and of the
-                         buffer pool's cache (default 67108864); reported as budget_bytes
+  --channel-bytes BYTES  byte budget of each channel (read, decode, batch)
+                         (default 67108864); their sum is reported as budget_bytes
   --no-crc               skip the per-record crc32 (measures the pipeline alone)
   --progress SECONDS     progress line interval on stderr; 0 = none (default 1)
   --quiet                no progress line and no table
@@ -151,12 +151,13 @@ int main(int argc, char** argv) {
     auto records = o.format == "raw" ? src | sluice::raw({64, o.channel_bytes}) : src | sluice::lines({1024, o.channel_bytes});
     if (o.shuffle > 0) records = records | sluice::shuffle({.buffer = o.shuffle, .seed = o.seed.value_or(0)});
     auto batches = records | sluice::batch({.size = o.batch, .drop_last = o.drop_last, .out = {4, o.channel_bytes}});
-    // What the configuration bounds: three channels and the pool's cache of free buffers.
-    // On top: the shuffle buffer (records), one chunk per reader, the batch being built
-    // and the batch the consumer holds.
-    const std::uint64_t budget_bytes = 4ull * o.channel_bytes;
+    // What the configuration bounds: the three channels' bytes. On top: the shuffle buffer
+    // (records), one chunk per reader, the batch being built and the batch the consumer
+    // holds; freed buffers wait in the runtime's pool for reuse (not counted: they are
+    // memory that was in use a moment before).
+    const std::uint64_t budget_bytes = 3ull * o.channel_bytes;
 
-    sluice::pipeline_options popts{.runtime = {.cpu_threads = o.threads, .pool_cache_bytes = o.channel_bytes}};
+    sluice::pipeline_options popts{.runtime = {.cpu_threads = o.threads}};
     if (!o.quiet && o.progress > 0)
         popts.progress = std::chrono::milliseconds(static_cast<long>(o.progress * 1000));
     sluice::pipeline p(batches, popts);

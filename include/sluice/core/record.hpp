@@ -44,7 +44,7 @@ struct record {
         return (source ? source->url : std::string("?")) + "#" + std::to_string(index);
     }
     /// Copy out of a large chunk when holding only a small part of it (see bytes::compact).
-    void compact() { data = data.compact(); }
+    void compact(buffer_source* from = nullptr) { data = data.compact(from); }
 };
 
 }  // namespace sluice

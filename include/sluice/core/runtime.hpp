@@ -25,7 +25,7 @@ struct runtime_options {
     /// Threads in the CPU pool; 0 means one per hardware thread.
     unsigned cpu_threads = 0;
     /// Bytes of freed buffers kept for reuse by the runtime's buffer pool.
-    std::size_t pool_cache_bytes = 64u << 20;
+    std::size_t pool_cache_bytes = 256u << 20;
 };
 
 /// Which executor a stage runs on.

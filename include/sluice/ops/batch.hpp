@@ -58,9 +58,7 @@ inline host_batch collate_records(std::vector<record>& rs, buffer_source& mem) {
         total += r.data.size();
         b.offsets.push_back(total);
     }
-    // Round up so buffers of similar batches are interchangeable in the pool.
-    constexpr std::size_t grain = 1 << 20;
-    auto buf = mem.allocate(total > grain ? (total + grain - 1) / grain * grain : std::max<std::size_t>(total, 1));
+    auto buf = mem.allocate(total);
     std::byte* p = buf->data();
     for (auto& r : rs) {
         if (!r.data.empty()) std::memcpy(p, r.data.data(), r.data.size());

@@ -22,8 +22,9 @@ struct shuffle_options {
 
 namespace detail {
 template <class T>
-void compact_if_possible(T& v) {
-    if constexpr (requires { v.compact(); }) v.compact();
+void compact_if_possible(T& v, buffer_source* from) {
+    if constexpr (requires { v.compact(from); }) v.compact(from);
+    else if constexpr (requires { v.compact(); }) v.compact();
 }
 
 template <class T>
@@ -35,7 +36,7 @@ task<void> shuffle_worker(stage_context<T, T>& ctx, shuffle_options o) {
     while (auto item = co_await ctx.in.next()) {
         // A small record must not pin the large chunk it was sliced from while it waits
         // here, possibly for a long time: copy it out (see bytes::compact).
-        compact_if_possible(*item);
+        compact_if_possible(*item, ctx.rt.buffers().get());
         held_bytes += byte_size_of(*item);
         held.push_back(std::move(*item));
         while (held.size() > o.buffer || (o.max_bytes && held_bytes > o.max_bytes)) {

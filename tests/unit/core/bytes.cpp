@@ -15,31 +15,35 @@ TEST_CASE("slices share their buffer and keep it alive", "[bytes]") {
     REQUIRE(part.view() == std::string(20, 'x'));
 }
 
-TEST_CASE("freed buffers return to the pool and are handed out again", "[bytes]") {
+TEST_CASE("freed buffers return to the pool and serve later requests of their size class", "[bytes]") {
     auto pool = sluice::buffer_pool::create(1 << 20);
     const std::byte* first = nullptr;
     {
-        auto b = pool->allocate(4096);
+        auto b = pool->allocate(64 << 10);
+        REQUIRE(b->capacity() == (64 << 10));
         first = b->data();
     }
-    REQUIRE(pool->cached_bytes() == 4096);
-    auto again = pool->allocate(3000);  // within [capacity/2, capacity]: reused
+    REQUIRE(pool->cached_bytes() == (64 << 10));
+    auto again = pool->allocate(60 << 10);  // rounds up to the same class
     REQUIRE(again->data() == first);
     REQUIRE(pool->cached_bytes() == 0);
-    auto small = pool->allocate(100);  // far smaller: a new buffer, the big one not wasted
-    REQUIRE(small->capacity() == 100);
+    auto other = pool->allocate(20 << 10);  // another class: a new buffer
+    REQUIRE(other->capacity() == (20 << 10));
+    REQUIRE(sluice::buffer_pool::size_class(100 << 10) == (112 << 10));  // at most 25% more
+    REQUIRE(sluice::buffer_pool::size_class(4 << 20) == (4 << 20));
+    REQUIRE(sluice::buffer_pool::size_class(100) == 100);  // small: not pooled, exact
 }
 
 TEST_CASE("the pool caches at most its budget, and buffers may outlive it", "[bytes]") {
     std::shared_ptr<sluice::buffer> keep;
     {
-        auto pool = sluice::buffer_pool::create(5000);
-        auto a = pool->allocate(4000);
-        auto b = pool->allocate(4000);
-        keep = pool->allocate(10);
+        auto pool = sluice::buffer_pool::create(100 << 10);
+        auto a = pool->allocate(64 << 10);
+        auto b = pool->allocate(64 << 10);
+        keep = pool->allocate(64 << 10);
         a.reset();
         b.reset();
-        REQUIRE(pool->cached_bytes() == 4000);
+        REQUIRE(pool->cached_bytes() == (64 << 10));  // the second did not fit
     }
     keep.reset();  // the pool is gone: freed normally (ASan checks)
 }
@@ -50,6 +54,10 @@ TEST_CASE("compact copies a small slice out of a large buffer", "[bytes]") {
     sluice::bytes whole(big, 1 << 20);
     auto small = whole.slice(100, 1000).compact();
     REQUIRE(small.owner_capacity() == 1000);
+    auto pool = sluice::buffer_pool::create();
+    auto pooled = whole.slice(0, 100'000).compact(pool.get());  // from the pool, its class
+    REQUIRE(pooled.owner_capacity() == sluice::buffer_pool::size_class(100'000));
+    REQUIRE(pooled.view() == std::string(100'000, 'y'));
     REQUIRE(small.view() == std::string(1000, 'y'));
     auto large = whole.slice(0, 600'000).compact();  // most of the buffer: kept as a slice
     REQUIRE(large.data() == whole.data());

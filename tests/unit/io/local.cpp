@@ -75,10 +75,10 @@ TEST_CASE("an unreadable file is an error naming it", "[local]") {
 
 TEST_CASE("chunk buffers are recycled through the runtime's pool", "[local]") {
     sluice_test::temp_dir d;
-    const auto a = d.write("a", std::string(64 * 1024, 'x'));
+    const auto a = d.write("a", std::string(64 * 32 * 1024, 'x'));
     // Consume chunk by chunk, dropping each: the reader reuses the same few buffers.
     std::set<const std::byte*> distinct;
-    sluice::pipeline p(sluice::from<sluice::shard>({{a, 0, 0}}) | sluice::read({.chunk_size = 1024, .out = {1, 0}}));
+    sluice::pipeline p(sluice::from<sluice::shard>({{a, 0, 0}}) | sluice::read({.chunk_size = 32 * 1024, .out = {1, 0}}));
     std::size_t n = 0;
     while (auto c = p.next_blocking()) {
         distinct.insert(c->data.data());
