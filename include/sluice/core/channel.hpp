@@ -146,13 +146,14 @@ public:
 
     /// Blocking send for an ordinary thread.
     bool send_blocking(T v) {
+        const std::size_t weight = weigh(v);
         std::unique_lock lock(m_);
-        if (int r = try_send_locked(v); r >= 0) return r == 1;
+        if (int r = try_send_locked(v, weight); r >= 0) return r == 1;
         std::condition_variable cv;
         send_waiter w;
         w.cv = &cv;
         w.item = &v;
-        w.weight = weigh(v);
+        w.weight = weight;
         senders_.push(&w);
         cv.wait(lock, [&] { return w.woken; });
         return w.ok;
@@ -164,7 +165,8 @@ public:
     /// `co_await ch.receive()`: the next item, or an empty optional at the end (after
     /// close or cancel). Throws the producer's error once the buffered items are drained.
     /// `index`, if given, receives the item's position in the order items left the
-    /// channel (0, 1, 2, ...), which ordered stages use to restore input order.
+    /// channel (0, 1, 2, ...), which ordered stages use to restore input order; at the end
+    /// (or error) it receives the number of items that left.
     receive_awaiter receive(std::atomic<std::uint64_t>* wait_ns = nullptr,
                             std::uint64_t* index = nullptr) {
         return receive_awaiter{*this, wait_ns, index};
@@ -262,11 +264,12 @@ private:
         while (!receivers_.empty()) {
             auto* w = receivers_.pop();
             if (!cancelled_) w->error = error_;
+            if (w->index) *w->index = popped_;
             w->wake();
         }
     }
     // 1: sent, 0: failed (cancelled/closed), -1: must wait.
-    int try_send_locked(T& v) {
+    int try_send_locked(T& v, std::size_t weight) {
         if (cancelled_ || closed_) return 0;
         if (!receivers_.empty()) {  // the buffer is empty: hand over directly
             auto* w = receivers_.pop();
@@ -276,8 +279,8 @@ private:
             w->wake();
             return 1;
         }
-        const auto weight = weigh(v);
-        if (has_room(weight)) {
+        // Queue behind waiting senders, so a large item is not starved by small ones.
+        if (senders_.empty() && has_room(weight)) {
             push_locked(std::move(v), weight);
             return 1;
         }
@@ -296,6 +299,7 @@ private:
         }
         if (closed_ || cancelled_) {
             if (!cancelled_) err = error_;
+            if (index) *index = popped_;  // end and error come after every item
             return true;
         }
         return false;
@@ -313,14 +317,22 @@ public:
     class send_awaiter {
     public:
         send_awaiter(channel& ch, T&& v, std::atomic<std::uint64_t>* wait_ns)
-            : ch_(ch), item_(std::move(v)), wait_ns_(wait_ns) {}
+            : ch_(ch), item_(std::move(v)), wait_ns_(wait_ns) {
+            w_.weight = ch_.weigh(item_);  // user code (byte_size) runs before locking
+        }
         // The mutex stays locked from a false await_ready to the end of await_suspend, so
         // no wake-up can slip in between. No unique_lock member: once the mutex is
         // released the coroutine may already run (and reuse this frame's memory) on another
         // thread, so releasing it must be the last thing that touches this object.
         bool await_ready() {
             ch_.m_.lock();
-            const int r = ch_.try_send_locked(item_);
+            int r;
+            try {  // an item's move may throw: never leave the channel locked
+                r = ch_.try_send_locked(item_, w_.weight);
+            } catch (...) {
+                ch_.m_.unlock();
+                throw;
+            }
             if (r < 0) return false;
             w_.ok = r == 1;
             ch_.m_.unlock();
@@ -331,7 +343,6 @@ public:
             w_.h = h;
             w_.ex = h.promise().ex;
             w_.item = &item_;
-            w_.weight = ch_.weigh(item_);
             if (wait_ns_) t0_ = detail::now_ns();
             ch_.senders_.push(&w_);
             ch_.m_.unlock();  // last touch of *this
@@ -355,7 +366,14 @@ public:
             : ch_(ch), wait_ns_(wait_ns), index_(index) {}
         bool await_ready() {  // see send_awaiter on the mutex
             ch_.m_.lock();
-            if (!ch_.try_receive_locked(out_, index_, w_.error)) return false;
+            bool done;
+            try {
+                done = ch_.try_receive_locked(out_, index_, w_.error);
+            } catch (...) {
+                ch_.m_.unlock();
+                throw;
+            }
+            if (!done) return false;
             ch_.m_.unlock();
             return true;
         }

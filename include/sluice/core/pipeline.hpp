@@ -73,11 +73,10 @@ public:
         return got;
     }
 
-    /// `co_await p.next()` from a coroutine: the next item, or empty at the end.
-    auto next() {
-        auto& ch = channel_();
-        return ch.receive(&consumer().wait_in_ns);
-    }
+    class next_op;
+    /// `co_await p.next()` from a coroutine: the next item, or empty at the end. Rethrows a
+    /// stage's error after the items produced before it.
+    next_op next() { return next_op(*this); }
 
     /// Cancel everything and join all work. Safe to call more than once.
     void stop() {
@@ -133,11 +132,34 @@ public:
     std::default_sentinel_t end() { return {}; }
 
 private:
+    // Counts callers inside next_blocking() or a pending next(): stop() waits for them
+    // before it frees the channel they use.
     struct reader_guard {
         std::atomic<int>& n;
         explicit reader_guard(std::atomic<int>& c) : n(c) { n.fetch_add(1, std::memory_order_acq_rel); }
         ~reader_guard() { n.fetch_sub(1, std::memory_order_acq_rel); }
+        reader_guard(const reader_guard&) = delete;
+        reader_guard& operator=(const reader_guard&) = delete;
     };
+
+public:
+    class next_op {
+    public:
+        explicit next_op(pipeline& p)
+            : guard_(p.readers_), aw_(p.channel_().receive(&p.consumer().wait_in_ns)) {}
+        bool await_ready() { return aw_.await_ready(); }
+        template <class P>
+        void await_suspend(std::coroutine_handle<P> h) {
+            aw_.await_suspend(h);
+        }
+        std::optional<T> await_resume() { return aw_.await_resume(); }
+
+    private:
+        reader_guard guard_;
+        typename channel<T>::receive_awaiter aw_;
+    };
+
+private:
     struct running {
         explicit running(runtime_options o) : rt(std::make_unique<runtime>(o)), env(*rt) {}
         std::unique_ptr<runtime> rt;

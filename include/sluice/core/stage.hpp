@@ -212,15 +212,17 @@ struct link_impl final : link {
             s->turn = std::make_unique<turnstile>();
             env.cancellers.push_back([t = s->turn.get()] { t->cancel(); });
         }
-        outch->add_producer(n);
         auto ex = env.rt.executor_for(opts.on);
+        std::vector<task<void>> bodies;
         for (unsigned i = 0; i < n; ++i) {
             auto& c = st.worker(i);
             s->contexts.push_back(std::make_unique<stage_context<In, Out>>(stage_context<In, Out>{
                 sluice::input<In>(inch, &c), sluice::output<Out>(outch, &c), env.rt, st, i,
                 s->turn.get()}));
+            bodies.push_back(body(*s->contexts.back()));  // may throw: nothing counted yet
         }
         env.keep.push_back(s);
+        outch->add_producer(n);
         for (unsigned i = 0; i < n; ++i) {
             auto& c = st.worker(i);
             c.start_ns.store(detail::now_ns(), std::memory_order_relaxed);
@@ -228,7 +230,7 @@ struct link_impl final : link {
             auto* ctx = s->contexts[i].get();
             // on_done must capture only raw pointers: the pipeline owns everything and
             // waits for env.finished() before destroying it.
-            spawn(ex, body(*ctx), [envp = &env, ctx, outch, c = &c](std::exception_ptr e) {
+            spawn(ex, std::move(bodies[i]), [envp = &env, ctx, outch, c = &c](std::exception_ptr e) {
                 const bool stop = is_stop(e);
                 if (e) {  // failed or stopped: stop upstream and sibling workers too
                     ctx->in.cancel();
@@ -365,7 +367,19 @@ task<void> item_worker(stage_context<In, Out>& ctx, F fn) {  // fn copied per wo
     std::vector<Out> outs;
     for (;;) {
         std::uint64_t ticket = 0;
-        auto item = co_await ctx.in.next(ctx.turn ? &ticket : nullptr);
+        std::optional<In> item;
+        std::exception_ptr upstream;
+        try {
+            item = co_await ctx.in.next(ctx.turn ? &ticket : nullptr);
+        } catch (...) {
+            upstream = std::current_exception();
+        }
+        if (upstream) {
+            // Ordered: the upstream error follows every item; let the workers still
+            // holding earlier items emit them first.
+            if (ctx.turn) co_await ctx.turn->wait(ticket);
+            std::rethrow_exception(upstream);
+        }
         if (!item) co_return;
         std::exception_ptr failed;
         try {

@@ -12,6 +12,7 @@
 // asio::awaitable call allocates a frame (see bench/channel_hop.cpp).
 
 #include <asio/any_io_executor.hpp>
+#include <asio/executor_work_guard.hpp>
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
 
@@ -187,17 +188,22 @@ void spawn(const executor& ex, task<T> t, F on_done) {
 template <class T>
 T sync_wait(task<T> t) {
     asio::io_context ctx;
+    // Keeps run() going while the task is suspended on something outside this loop (a
+    // channel fed by another thread): only completion releases it.
+    auto guard = asio::make_work_guard(ctx);
     std::optional<std::conditional_t<std::is_void_v<T>, bool, T>> result;
     std::exception_ptr error;
     if constexpr (std::is_void_v<T>) {
         spawn(ctx.get_executor(), std::move(t), [&](std::exception_ptr e) {
             error = e;
             result.emplace(true);
+            guard.reset();
         });
     } else {
         spawn(ctx.get_executor(), std::move(t), [&](std::optional<T> v, std::exception_ptr e) {
             error = e;
             if (v) result.emplace(std::move(*v));
+            guard.reset();
         });
     }
     ctx.run();
@@ -217,7 +223,8 @@ struct current_executor {
     executor await_resume() const noexcept { return ex; }
 };
 
-/// `co_await sluice::switch_to(ex)` moves the rest of the coroutine onto `ex`.
+/// `co_await sluice::switch_to(ex)` moves the rest of the coroutine onto `ex`. The task
+/// that awaited this one resumes where this one finishes (on `ex`) until it next suspends.
 struct switch_to {
     executor ex;
     bool await_ready() const noexcept { return false; }

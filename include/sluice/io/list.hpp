@@ -24,40 +24,59 @@ inline bool has_scheme(std::string_view s) {
 }
 inline bool has_wildcard(std::string_view s) { return s.find_first_of("*?[") != std::string_view::npos; }
 
+inline void expand_local(const std::string& path, std::vector<std::string>& out);
+
+// A directory stands for the regular files below it, in byte order.
+inline void expand_directory(const std::string& path, std::vector<std::string>& out) {
+    std::error_code ec;
+    std::vector<std::string> files;
+    std::filesystem::recursive_directory_iterator it(path, ec), end;
+    for (; !ec && it != end; it.increment(ec))
+        if (it->is_regular_file(ec)) files.push_back(it->path().string());
+    if (ec) throw source_error(it != end ? it->path().string() : path, "cannot list directory", ec);
+    std::sort(files.begin(), files.end());
+    out.insert(out.end(), files.begin(), files.end());
+}
+
 inline void expand_local(const std::string& path, std::vector<std::string>& out) {
     std::error_code ec;
     if (has_wildcard(path)) {
+        // Sorted by bytes, not by the locale's collation: every rank must list the same
+        // order, whatever LC_COLLATE its node has, or plan's rank split breaks.
+        thread_local std::string failed_path;
+        thread_local int failed_errno = 0;
+        failed_errno = 0;
         glob_t g{};
-        const int rc = ::glob(path.c_str(), GLOB_ERR, nullptr, &g);
-        if (rc == GLOB_NOMATCH) {
-            globfree(&g);
+        const int rc = ::glob(path.c_str(), GLOB_ERR | GLOB_NOSORT,
+                              [](const char* p, int e) {
+                                  failed_path = p;
+                                  failed_errno = e;
+                                  return 1;
+                              },
+                              &g);
+        std::vector<std::string> matches(g.gl_pathv, g.gl_pathv + (rc == 0 ? g.gl_pathc : 0));
+        globfree(&g);
+        if (rc == GLOB_NOMATCH)
             throw source_error(path, "no file matches", std::make_error_code(std::errc::no_such_file_or_directory));
-        }
         if (rc != 0) {
-            globfree(&g);
+            if (failed_errno) throw source_error(failed_path, "cannot list directory", {failed_errno, std::generic_category()});
             throw source_error(path, "cannot expand", std::make_error_code(std::errc::io_error));
         }
-        for (std::size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
-        globfree(&g);
+        std::sort(matches.begin(), matches.end());
+        for (auto& m : matches) {
+            if (std::filesystem::is_directory(m, ec)) expand_directory(m, out);
+            else out.push_back(std::move(m));
+        }
         return;
     }
-    if (std::filesystem::is_directory(path, ec)) {
-        // A directory stands for the regular files below it, in sorted order.
-        std::vector<std::string> files;
-        for (auto it = std::filesystem::recursive_directory_iterator(path, ec);
-             !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec))
-            if (it->is_regular_file(ec)) files.push_back(it->path().string());
-        if (ec) throw source_error(path, "cannot list directory", ec);
-        std::sort(files.begin(), files.end());
-        out.insert(out.end(), files.begin(), files.end());
-        return;
-    }
+    if (std::filesystem::is_directory(path, ec)) return expand_directory(path, out);
     out.push_back(path);  // existence is checked when it is read, with the path named
 }
 }  // namespace detail
 
 /// Expand patterns eagerly: braces everywhere; for local paths also globs (`*`, `?`,
-/// `[...]`, sorted) and directories (their regular files, recursively, sorted).
+/// `[...]`, sorted by bytes) and directories, named or matched (their regular files,
+/// recursively, sorted by bytes).
 /// `file://` prefixes are dropped; other URLs (http://, s3://) get brace expansion only.
 /// Throws sluice::source_error naming the pattern when a glob matches nothing.
 inline std::vector<std::string> expand(const std::vector<std::string>& patterns) {

@@ -20,10 +20,15 @@ struct read_options {
     /// Bytes per chunk (and per read system call batch). 1-8 MiB keeps system-call
     /// overhead negligible and chunks few; records are slices of chunks.
     std::size_t chunk_size = 4u << 20;
-    /// Files read at once. Local reads are page-cache copies, so one is usually enough;
-    /// more helps on network file systems. With more than one, chunks of different files
-    /// interleave (each file's chunks stay in order), which decoders handle.
+    /// Files read at once. With more than one, chunks of different files interleave (each
+    /// file's chunks stay in order), which decoders handle. Reads are blocking, so several
+    /// files are read in parallel only on the CPU pool (`.on = pool::cpu`); on the I/O
+    /// loop, its one thread takes turns.
     unsigned files_in_flight = 1;
+    /// Where the blocking reads run. The I/O loop by default: page-cache reads take
+    /// microseconds per chunk. The CPU pool for slow or network file systems, where a read
+    /// that blocks would hold up the loop.
+    pool on = pool::io;
     /// Capacity of the output channel, in chunks and bytes.
     channel_limits out = {16, 64u << 20};
 };
@@ -95,13 +100,12 @@ inline task<void> read_worker(stage_context<shard, chunk>& ctx, read_options o) 
 /// Errors: a file that cannot be opened or read is a sluice::source_error naming the path
 /// (and the byte offset of a failed read); chunks already sent are delivered first.
 /// Cancellation: stops at the next send; the file is closed.
-/// Runs on the I/O loop. Reads are blocking preads: page-cache copies that take
-/// microseconds per chunk.
+/// Reads are blocking preads, on the I/O loop unless `on` says otherwise.
 /// Example: `sluice::list("data/*.txt") | sluice::plan() | sluice::read({.chunk_size = 8 << 20})`
 inline stage<shard, chunk> read(read_options o = {}) {
     return make_stage<shard, chunk>(
         "read",
-        {.concurrency = o.files_in_flight, .order = ordering::unordered, .on = pool::io, .buffer = o.out},
+        {.concurrency = o.files_in_flight, .order = ordering::unordered, .on = o.on, .buffer = o.out},
         [o](stage_context<shard, chunk>& ctx) { return detail::read_worker(ctx, o); });
 }
 template <class A>

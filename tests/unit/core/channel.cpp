@@ -210,3 +210,22 @@ TEST_CASE("many producers and consumers deliver every item exactly once", "[chan
     REQUIRE(counted::live.load() == 0);
     REQUIRE(counted::copies.load() == 0);
 }
+
+TEST_CASE("under a byte budget, later senders queue behind a waiting large item", "[channel]") {
+    channel<std::string> ch({100, 10});
+    ch.send_blocking(std::string(6, 'a'));
+    std::thread big([&] { ch.send_blocking(std::string(8, 'B')); });  // waits for room
+    while (true) {  // until the big sender is queued
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        if (ch.size() == 1) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::thread small([&] { ch.send_blocking(std::string(1, 'c')); });  // would fit: must queue
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    CHECK(ch.size() == 1);
+    REQUIRE(*ch.receive_blocking() == "aaaaaa");
+    big.join();
+    small.join();
+    REQUIRE(*ch.receive_blocking() == "BBBBBBBB");  // first come, first served
+    REQUIRE(*ch.receive_blocking() == "c");
+}

@@ -103,3 +103,24 @@ TEST_CASE("a failing stage sends its error after the items before it", "[stage]"
         REQUIRE(got == iota(50));  // ordered: every item before the failing one, none after
     }
 }
+
+TEST_CASE("an upstream error reaches the consumer after every item, through an ordered stage with several workers",
+          "[stage]") {
+    auto failing_source = sluice::make_stage<void, int>(
+        "failing", {.on = sluice::pool::io}, [](sluice::stage_context<void, int>& ctx) -> sluice::task<void> {
+            for (int i = 0; i < 100; ++i) co_await ctx.out.send(i);
+            throw std::runtime_error("shard 3 truncated at byte 4096");
+        });
+    auto slow = sluice::map(
+        [](int x) {
+            std::this_thread::sleep_for(std::chrono::microseconds((x * 7919) % 400));
+            return x;
+        },
+        {.threads = 4});
+    for (int run = 0; run < 20; ++run) {
+        std::vector<int> got;
+        sluice::pipeline p(failing_source | slow, {.runtime = {.cpu_threads = 4}});
+        REQUIRE_THROWS_WITH([&] { for (int x : p) got.push_back(x); }(), "shard 3 truncated at byte 4096");
+        REQUIRE(got == iota(100));
+    }
+}

@@ -55,3 +55,18 @@ TEST_CASE("switch_to moves a coroutine to another executor", "[task]") {
     a.join();
     b.join();
 }
+
+TEST_CASE("sync_wait waits for a task suspended on work of another thread", "[task]") {
+    asio::thread_pool other(1);
+    std::promise<int> p;
+    auto f = p.get_future();
+    auto t = [](asio::thread_pool& other, std::promise<int>& p) -> sluice::task<int> {
+        co_await sluice::switch_to{other.get_executor()};  // leaves sync_wait's loop idle
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        p.set_value(1);
+        co_return 7;
+    }(other, p);
+    REQUIRE(sluice::sync_wait(std::move(t)) == 7);
+    REQUIRE(f.get() == 1);
+    other.join();
+}

@@ -17,6 +17,8 @@ TEST_CASE("brace ranges expand as WebDataset writes them", "[list]") {
     REQUIRE(expand_braces("lit{x}eral") == V{"lit{x}eral"});
     REQUIRE(expand_braces("s3://bucket/shard-{0..1}.tar") == V{"s3://bucket/shard-0.tar", "s3://bucket/shard-1.tar"});
     REQUIRE(expand_braces("shard-{000000..127999}.tar").size() == 128000);
+    REQUIRE(expand_braces("x{y{a,b}") == V{"x{ya", "x{yb"});  // an unmatched '{' is literal
+    REQUIRE_THROWS_WITH(expand_braces("{0..9999}{0..9999}"), Catch::Contains("more than 10 million"));
 }
 
 TEST_CASE("globs and directories expand sorted; URLs pass through", "[list]") {
@@ -27,6 +29,7 @@ TEST_CASE("globs and directories expand sorted; URLs pass through", "[list]") {
     REQUIRE(sluice::expand({"file://" + d / "{a,b}.txt"}) == V{d / "a.txt", d / "b.txt"});
     REQUIRE(sluice::expand({"http://host/x-{1..2}"}) == V{"http://host/x-1", "http://host/x-2"});
     REQUIRE(sluice::expand({d / "missing.txt"}) == V{d / "missing.txt"});  // named when read
+    REQUIRE(sluice::expand({d / "s*"}) == V{d / "sub/z.txt"});  // a matched directory is expanded
 }
 
 TEST_CASE("a glob matching nothing is an error naming the pattern", "[list]") {

@@ -58,13 +58,15 @@ public:
     void done(std::uint64_t ticket) {
         std::lock_guard lock(m_);
         next_ = ticket + 1;
-        auto it = std::find_if(waiting_.begin(), waiting_.end(),
-                               [&](turn_waiter* w) { return w->ticket == next_; });
-        if (it == waiting_.end()) return;
-        auto* w = *it;
-        waiting_.erase(it);
-        w->ok = true;
-        w->wake();
+        // Usually one waiter holds the next ticket; several workers that all saw the end
+        // of input with an error share the ticket after the last item.
+        auto it = std::partition(waiting_.begin(), waiting_.end(),
+                                 [&](turn_waiter* w) { return w->ticket != next_; });
+        for (auto j = it; j != waiting_.end(); ++j) {
+            (*j)->ok = true;
+            (*j)->wake();
+        }
+        waiting_.erase(it, waiting_.end());
     }
 
     void cancel() {

@@ -42,6 +42,8 @@ inline std::vector<std::string_view> split_alternatives(std::string_view body) {
     return parts;
 }
 
+inline constexpr std::size_t max_expansion = 10'000'000;
+
 inline std::optional<std::vector<std::string>> numeric_range(std::string_view body) {
     const auto dots = body.find("..");
     if (dots == std::string_view::npos) return std::nullopt;
@@ -56,7 +58,7 @@ inline std::optional<std::vector<std::string>> numeric_range(std::string_view bo
     const auto lo = std::stoull(std::string(a)), hi = std::stoull(std::string(b));
     const bool padded = (a.size() > 1 && a[0] == '0') || (b.size() > 1 && b[0] == '0');
     const std::size_t width = padded ? std::max(a.size(), b.size()) : 0;
-    if ((hi > lo ? hi - lo : lo - hi) > 10'000'000)
+    if ((hi > lo ? hi - lo : lo - hi) >= max_expansion)
         throw error("sluice: brace range too large: {" + std::string(body) + "}");
     std::vector<std::string> out;
     const auto step = [&](std::uint64_t v) {
@@ -71,12 +73,12 @@ inline std::optional<std::vector<std::string>> numeric_range(std::string_view bo
     return out;
 }
 
-/// Expand every brace group of `pattern`, left to right.
+/// Expand every brace group of `pattern`, left to right (at most 10 million names in all).
 inline std::vector<std::string> expand_braces(std::string_view pattern) {
     for (std::size_t open = pattern.find('{'); open != std::string_view::npos;
          open = pattern.find('{', open + 1)) {
         const auto close = matching_brace(pattern, open);
-        if (close == std::string_view::npos) break;
+        if (close == std::string_view::npos) continue;  // an unmatched '{' is literal
         const auto body = pattern.substr(open + 1, close - open - 1);
         std::vector<std::string> choices;
         if (auto r = numeric_range(body)) {
@@ -90,8 +92,12 @@ inline std::vector<std::string> expand_braces(std::string_view pattern) {
         const auto head = pattern.substr(0, open), tail = pattern.substr(close + 1);
         for (auto& c : choices) {
             // Alternatives may contain braces themselves, and so may the tail.
-            for (auto& e : expand_braces(std::string(head) + c + std::string(tail)))
+            for (auto& e : expand_braces(std::string(head) + c + std::string(tail))) {
+                if (out.size() == max_expansion)
+                    throw error("sluice: brace pattern expands to more than 10 million names: " +
+                                std::string(pattern));
                 out.push_back(std::move(e));
+            }
         }
         return out;
     }
