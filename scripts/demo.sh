@@ -7,11 +7,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
 build=build-demo
+echo "building sluice-probe and sluice-gen in $build ..." >&2
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_BENCH=OFF >/dev/null
-cmake --build "$build" -j"$(nproc)" --target sluice-probe sluice-gen >/dev/null
+cmake --build "$build" -j"$(nproc)" --target sluice-probe sluice-gen >&2
 data="$build/demo-data"
 if [ ! -f "$data/expected.json" ]; then
   echo "generating $data ..." >&2
+  mkdir -p "$data"
   "$build/examples/sluice-gen" "$data/shards" --files 16 --records 10000 --record-size 1000 --vary --seed 1 \
     > "$data/expected.json.tmp"
   mv "$data/expected.json.tmp" "$data/expected.json"
