@@ -16,6 +16,8 @@
 #include <asio/io_context.hpp>
 #include <asio/post.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <coroutine>
 #include <exception>
 #include <optional>
@@ -188,25 +190,27 @@ void spawn(const executor& ex, task<T> t, F on_done) {
 template <class T>
 T sync_wait(task<T> t) {
     asio::io_context ctx;
-    // Keeps run() going while the task is suspended on something outside this loop (a
-    // channel fed by another thread): only completion releases it.
+    // The task may finish on another executor. That thread must not touch `ctx` (it could
+    // still be inside a post when this function returns and destroys it), so it only sets
+    // `done`, and this thread runs the loop in short slices until it sees it.
     auto guard = asio::make_work_guard(ctx);
     std::optional<std::conditional_t<std::is_void_v<T>, bool, T>> result;
     std::exception_ptr error;
+    std::atomic<bool> done{false};
     if constexpr (std::is_void_v<T>) {
         spawn(ctx.get_executor(), std::move(t), [&](std::exception_ptr e) {
             error = e;
             result.emplace(true);
-            guard.reset();
+            done.store(true, std::memory_order_release);
         });
     } else {
         spawn(ctx.get_executor(), std::move(t), [&](std::optional<T> v, std::exception_ptr e) {
             error = e;
             if (v) result.emplace(std::move(*v));
-            guard.reset();
+            done.store(true, std::memory_order_release);
         });
     }
-    ctx.run();
+    while (!done.load(std::memory_order_acquire)) ctx.run_one_for(std::chrono::milliseconds(1));
     if (error) std::rethrow_exception(error);
     if constexpr (!std::is_void_v<T>) return std::move(*result);
 }
