@@ -75,7 +75,8 @@ public:
 
     class next_op;
     /// `co_await p.next()` from a coroutine: the next item, or empty at the end. Rethrows a
-    /// stage's error after the items produced before it.
+    /// stage's error after the items produced before it. The pipeline's threads wake the
+    /// coroutine by posting to its executor: stop the pipeline before that executor goes.
     next_op next() { return next_op(*this); }
 
     /// Cancel everything and join all work. Safe to call more than once.

@@ -44,6 +44,9 @@ TEST_CASE("a pipeline is read with co_await next() from a coroutine", "[pipeline
                   }(p),
                   [&](std::optional<int> v, std::exception_ptr) { sum.set_value(v.value_or(-1)); });
     REQUIRE(sum.get_future().get() == 9);
+    // Stop the pipeline before the consumer's executor goes: its workers may still be
+    // posting the last wake-up to it.
+    p.stop();
     pool.join();
 }
 
