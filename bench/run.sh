@@ -58,7 +58,7 @@ for w in "${what[@]}"; do
         if awk -v x="$gbs" -v y="$best" 'BEGIN { exit !(x > y) }'; then best=$gbs; out=$o; fi
       done
       echo "$out"
-      if [ "$name" = shuffle-crc ]; then
+      if [ "$name" = shuffle-crc ]; then  # the figures are of data delivered whole
         [ "$(echo "$out" | field crc_sum)" = "$(field crc_sum < "$data/expected.json")" ] || { echo "crc_sum mismatch" >&2; exit 1; }
       fi
       echo "{\"bench\":\"local_read\",\"config\":\"$name\",\"epochs\":$epochs,\"bytes_per_epoch\":$bytes,\"sluice_gb_per_s\":$best,\"cat_gb_per_s\":$best_cat,\"ratio\":$(ratio "$best" "$best_cat"),\"peak_rss_bytes\":$(echo "$out" | field peak_rss_bytes),\"bottleneck\":\"$(echo "$out" | field bottleneck)\"}"
@@ -69,6 +69,8 @@ for w in "${what[@]}"; do
     run_probe shuffle 4 --no-crc --shuffle 10000 --seed 1
     run_probe no-shuffle 1 --no-crc
     run_probe shuffle-crc 1 --shuffle 10000 --seed 1
+    run_probe shuffle-mmap 1 --no-crc --shuffle 10000 --seed 1 --mmap
+    run_probe no-shuffle-mmap 1 --no-crc --mmap
     ;;
   memory)
     # Peak RSS streaming a dataset >= 20 x the configured budgets. Goal: <= budgets + 64 MiB.

@@ -38,6 +38,8 @@ options:
   --chunk-size BYTES     read size (default 4194304)
   --channel-bytes BYTES  byte budget of each channel (read, decode, batch)
                          (default 67108864); their sum is reported as budget_bytes
+  --mmap                 map files instead of reading them (faster; a file that shrinks
+                         while mapped ends the process with SIGBUS)
   --no-crc               skip the per-record crc32 (measures the pipeline alone)
   --progress SECONDS     progress line interval on stderr; 0 = none (default 1)
   --quiet                no progress line and no table
@@ -56,6 +58,7 @@ struct options {
     unsigned threads = 0;
     std::size_t chunk_size = 4u << 20;
     std::size_t channel_bytes = 64u << 20;
+    bool map = false;
     bool crc = true;
     double progress = 1;
     bool quiet = false;
@@ -113,6 +116,8 @@ options parse(int argc, char** argv) {
             if (o.chunk_size == 0) usage_error("--chunk-size must be at least 1");
         } else if (a == "--channel-bytes") {
             o.channel_bytes = number<std::size_t>(a, value());
+        } else if (a == "--mmap") {
+            o.map = true;
         } else if (a == "--no-crc") {
             o.crc = false;
         } else if (a == "--progress") {
@@ -147,7 +152,7 @@ int main(int argc, char** argv) {
 
     auto src = sluice::list(o.sources) |
                sluice::plan({.epochs = o.epochs, .seed = o.seed, .rank = o.rank, .world = o.world}) |
-               sluice::read({.chunk_size = o.chunk_size, .out = {16, o.channel_bytes}});
+               sluice::read({.chunk_size = o.chunk_size, .map = o.map, .out = {16, o.channel_bytes}});
     auto records = o.format == "raw" ? src | sluice::raw({64, o.channel_bytes}) : src | sluice::lines({1024, o.channel_bytes});
     if (o.shuffle > 0) records = records | sluice::shuffle({.buffer = o.shuffle, .seed = o.seed.value_or(0)});
     auto batches = records | sluice::batch({.size = o.batch, .drop_last = o.drop_last, .out = {4, o.channel_bytes}});

@@ -20,18 +20,31 @@
 
 namespace sluice {
 
-/// A block of writable memory of fixed capacity; handed out by a buffer_pool.
+/// A block of memory of fixed capacity: heap memory handed out by a buffer_pool, or
+/// memory owned elsewhere (a file mapping, pinned memory) with the function that releases
+/// it.
 class buffer {
 public:
+    using release_fn = void (*)(std::byte* data, std::size_t capacity) noexcept;
+
     explicit buffer(std::size_t capacity)
         : data_(new std::byte[capacity]), capacity_(capacity) {}  // not zeroed: filled by I/O
-    std::byte* data() noexcept { return data_.get(); }
-    const std::byte* data() const noexcept { return data_.get(); }
+    buffer(std::byte* data, std::size_t capacity, release_fn release) noexcept
+        : data_(data), capacity_(capacity), release_(release) {}
+    buffer(const buffer&) = delete;
+    buffer& operator=(const buffer&) = delete;
+    ~buffer() {
+        if (release_) release_(data_, capacity_);
+        else delete[] data_;
+    }
+    std::byte* data() noexcept { return data_; }
+    const std::byte* data() const noexcept { return data_; }
     std::size_t capacity() const noexcept { return capacity_; }
 
 private:
-    std::unique_ptr<std::byte[]> data_;
+    std::byte* data_;
     std::size_t capacity_;
+    release_fn release_ = nullptr;
 };
 
 /// Where buffers come from. The default recycles heap buffers; the cuda layer provides a

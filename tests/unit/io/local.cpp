@@ -87,3 +87,20 @@ TEST_CASE("chunk buffers are recycled through the runtime's pool", "[local]") {
     REQUIRE(n == 64);
     REQUIRE(distinct.size() < 8);
 }
+
+TEST_CASE("mapped files give the same chunks as reads, as slices of one mapping", "[local]") {
+    sluice_test::temp_dir d;
+    std::string content(10'000, '\0');
+    for (std::size_t i = 0; i < content.size(); ++i) content[i] = char(i * 7 + 1);
+    const auto a = d.write("a.bin", content), empty = d.write("empty.bin", "");
+    auto read = read_all({a, empty}, {.chunk_size = 4096});
+    auto mapped = read_all({a, empty}, {.chunk_size = 4096, .map = true});
+    REQUIRE(mapped.size() == read.size());
+    for (std::size_t i = 0; i < read.size(); ++i) {
+        REQUIRE(mapped[i].offset == read[i].offset);
+        REQUIRE(mapped[i].last == read[i].last);
+        REQUIRE(mapped[i].data.view() == read[i].data.view());
+    }
+    REQUIRE(mapped[0].data.owner_capacity() == content.size());  // the whole file, mapped once
+    REQUIRE(mapped[1].data.data() == mapped[0].data.data() + 4096);
+}
