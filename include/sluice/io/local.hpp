@@ -31,10 +31,10 @@ struct read_options {
     /// that blocks would hold up the loop.
     pool on = pool::io;
     /// Map each file into memory instead of reading it: chunks are then slices of the
-    /// mapping and the kernel's copy into our buffers disappears (measured: 4.4 -> see
-    /// bench/RESULTS.md). The catch, and why it is off by default: if a file shrinks while
-    /// mapped, touching the lost pages raises SIGBUS and ends the process. Use it for
-    /// datasets that are not rewritten in place while training reads them.
+    /// mapping and the kernel's copy into our buffers disappears (bench/RESULTS.md: no
+    /// shuffle, 4.2 -> 5.1 GB/s). The catch, and why it is off by default: if a file
+    /// shrinks while mapped, touching the lost pages raises SIGBUS and ends the process.
+    /// Use it for datasets that are not rewritten in place while training reads them.
     bool map = false;
     /// Capacity of the output channel, in chunks and bytes.
     channel_limits out = {16, 64u << 20};
