@@ -19,6 +19,8 @@ TEST_CASE("brace ranges expand as WebDataset writes them", "[list]") {
     REQUIRE(expand_braces("shard-{000000..127999}.tar").size() == 128000);
     REQUIRE(expand_braces("x{y{a,b}") == V{"x{ya", "x{yb"});  // an unmatched '{' is literal
     REQUIRE_THROWS_WITH(expand_braces("{0..9999}{0..9999}"), Catch::Contains("more than 10 million"));
+    REQUIRE_THROWS_WITH(expand_braces("{0..99999999999}"), Catch::Contains("more than 10 million"));
+    REQUIRE(sluice::detail::expansion_count("{a,b{1..3}}-{00..09}") == 40);
 }
 
 TEST_CASE("globs and directories expand sorted; URLs pass through", "[list]") {

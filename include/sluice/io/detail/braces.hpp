@@ -44,7 +44,14 @@ inline std::vector<std::string_view> split_alternatives(std::string_view body) {
 
 inline constexpr std::size_t max_expansion = 10'000'000;
 
-inline std::optional<std::vector<std::string>> numeric_range(std::string_view body) {
+struct range {
+    std::uint64_t lo, hi;
+    std::size_t width;  // zero padding, 0 for none
+    std::size_t size() const noexcept { return static_cast<std::size_t>((hi > lo ? hi - lo : lo - hi) + 1); }
+};
+
+// "000..127" -> {0, 127, 3}; not a numeric range -> nullopt.
+inline std::optional<range> numeric_range(std::string_view body) {
     const auto dots = body.find("..");
     if (dots == std::string_view::npos) return std::nullopt;
     const auto a = body.substr(0, dots), b = body.substr(dots + 2);
@@ -55,26 +62,50 @@ inline std::optional<std::vector<std::string>> numeric_range(std::string_view bo
         return true;
     };
     if (!is_num(a) || !is_num(b)) return std::nullopt;
-    const auto lo = std::stoull(std::string(a)), hi = std::stoull(std::string(b));
     const bool padded = (a.size() > 1 && a[0] == '0') || (b.size() > 1 && b[0] == '0');
-    const std::size_t width = padded ? std::max(a.size(), b.size()) : 0;
-    if ((hi > lo ? hi - lo : lo - hi) >= max_expansion)
-        throw error("sluice: brace range too large: {" + std::string(body) + "}");
+    return range{std::stoull(std::string(a)), std::stoull(std::string(b)),
+                 padded ? std::max(a.size(), b.size()) : 0};
+}
+
+inline std::vector<std::string> range_names(const range& r) {
     std::vector<std::string> out;
+    out.reserve(r.size());
     const auto step = [&](std::uint64_t v) {
         auto s = std::to_string(v);
-        if (s.size() < width) s.insert(0, width - s.size(), '0');
+        if (s.size() < r.width) s.insert(0, r.width - s.size(), '0');
         out.push_back(std::move(s));
     };
-    if (lo <= hi)
-        for (auto v = lo; v <= hi; ++v) step(v);
+    if (r.lo <= r.hi)
+        for (auto v = r.lo; v <= r.hi; ++v) step(v);
     else
-        for (auto v = lo + 1; v-- > hi;) step(v);
+        for (auto v = r.lo + 1; v-- > r.hi;) step(v);
     return out;
 }
 
-/// Expand every brace group of `pattern`, left to right (at most 10 million names in all).
-inline std::vector<std::string> expand_braces(std::string_view pattern) {
+/// How many names `pattern` expands to, saturating just above max_expansion, without
+/// building them.
+inline std::size_t expansion_count(std::string_view pattern) {
+    constexpr std::size_t cap = max_expansion + 1;
+    for (std::size_t open = pattern.find('{'); open != std::string_view::npos;
+         open = pattern.find('{', open + 1)) {
+        const auto close = matching_brace(pattern, open);
+        if (close == std::string_view::npos) continue;
+        const auto body = pattern.substr(open + 1, close - open - 1);
+        const auto head = pattern.substr(0, open), tail = pattern.substr(close + 1);
+        if (auto r = numeric_range(body)) {  // the names have no braces: each repeats the tail
+            const std::size_t n = std::min(r->size(), cap), t = expansion_count(tail);
+            return t != 0 && n > cap / t ? cap : n * t;
+        }
+        auto alts = split_alternatives(body);
+        if (alts.size() < 2) continue;  // "{x}" stays literal
+        std::size_t n = 0;
+        for (auto a : alts) n = std::min(cap, n + expansion_count(std::string(head) + std::string(a) + std::string(tail)));
+        return n;
+    }
+    return 1;
+}
+
+inline std::vector<std::string> expand_braces_unchecked(std::string_view pattern) {
     for (std::size_t open = pattern.find('{'); open != std::string_view::npos;
          open = pattern.find('{', open + 1)) {
         const auto close = matching_brace(pattern, open);
@@ -82,7 +113,7 @@ inline std::vector<std::string> expand_braces(std::string_view pattern) {
         const auto body = pattern.substr(open + 1, close - open - 1);
         std::vector<std::string> choices;
         if (auto r = numeric_range(body)) {
-            choices = std::move(*r);
+            choices = range_names(*r);
         } else {
             auto alts = split_alternatives(body);
             if (alts.size() < 2) continue;  // "{x}" stays literal
@@ -90,18 +121,20 @@ inline std::vector<std::string> expand_braces(std::string_view pattern) {
         }
         std::vector<std::string> out;
         const auto head = pattern.substr(0, open), tail = pattern.substr(close + 1);
-        for (auto& c : choices) {
-            // Alternatives may contain braces themselves, and so may the tail.
-            for (auto& e : expand_braces(std::string(head) + c + std::string(tail))) {
-                if (out.size() == max_expansion)
-                    throw error("sluice: brace pattern expands to more than 10 million names: " +
-                                std::string(pattern));
+        for (auto& c : choices)  // alternatives may hold braces themselves, and so may the tail
+            for (auto& e : expand_braces_unchecked(std::string(head) + c + std::string(tail)))
                 out.push_back(std::move(e));
-            }
-        }
         return out;
     }
     return {std::string(pattern)};
+}
+
+/// Expand every brace group of `pattern`, left to right. More than 10 million names in
+/// all is an error, raised before any is built.
+inline std::vector<std::string> expand_braces(std::string_view pattern) {
+    if (expansion_count(pattern) > max_expansion)
+        throw error("sluice: brace pattern expands to more than 10 million names: " + std::string(pattern));
+    return expand_braces_unchecked(pattern);
 }
 
 }  // namespace sluice::detail
