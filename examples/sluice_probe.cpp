@@ -30,6 +30,7 @@ options:
   --format raw|lines     one record per file, or per line (default lines)
   --batch N              records per batch (default 32)
   --drop-last            drop a last batch smaller than N
+  --collate-threads C    CPU workers collating batches (default 1)
   --shuffle N            shuffle buffer in records; 0 = no shuffle (default 0)
   --seed S               seed for the shard order and the shuffle buffer
   --epochs E             passes over the data (default 1)
@@ -51,6 +52,7 @@ struct options {
     std::string format = "lines";
     std::size_t batch = 32;
     bool drop_last = false;
+    unsigned collate_threads = 1;
     std::size_t shuffle = 0;
     std::optional<std::uint64_t> seed;
     unsigned epochs = 1;
@@ -97,6 +99,8 @@ options parse(int argc, char** argv) {
         } else if (a == "--batch") {
             o.batch = number<std::size_t>(a, value());
             if (o.batch == 0) usage_error("--batch must be at least 1");
+        } else if (a == "--collate-threads") {
+            o.collate_threads = number<unsigned>(a, value());
         } else if (a == "--drop-last") {
             o.drop_last = true;
         } else if (a == "--shuffle") {
@@ -155,7 +159,7 @@ int main(int argc, char** argv) {
                sluice::read({.chunk_size = o.chunk_size, .map = o.map, .out = {16, o.channel_bytes}});
     auto records = o.format == "raw" ? src | sluice::raw({64, o.channel_bytes}) : src | sluice::lines({1024, o.channel_bytes});
     if (o.shuffle > 0) records = records | sluice::shuffle({.buffer = o.shuffle, .seed = o.seed.value_or(0)});
-    auto batches = records | sluice::batch({.size = o.batch, .drop_last = o.drop_last, .out = {4, o.channel_bytes}});
+    auto batches = records | sluice::batch({.size = o.batch, .drop_last = o.drop_last, .threads = o.collate_threads, .out = {4, o.channel_bytes}});
     // What the configuration bounds: the three channels' bytes. On top: the shuffle buffer
     // (records), one chunk per reader, the batch being built and the batch the consumer
     // holds; freed buffers wait in the runtime's pool for reuse (not counted: they are

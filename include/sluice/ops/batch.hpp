@@ -42,6 +42,10 @@ struct batch_options {
     /// Where collated batches live: the runtime's recycling pool when null; the cuda
     /// layer passes its pinned pool so batches are born in page-locked memory.
     std::shared_ptr<buffer_source> memory = nullptr;
+    /// Workers collating batches at once on the CPU pool (output stays in order). Above 1,
+    /// grouping and collation become two stages ("group" and "batch"), so the copy into
+    /// the batch buffer, the costly part, runs on several cores.
+    unsigned threads = 1;
     /// Capacity of the output channel, in batches.
     channel_limits out = {4, 0};
 };
@@ -96,6 +100,24 @@ task<void> batch_worker(stage_context<T, Out>& ctx, batch_options o, F collate) 
 /// Cancellation: stops at the next send; the partial batch is freed.
 /// Example: `| sluice::batch({.size = 256, .drop_last = true})`
 inline stage<record, host_batch> batch(batch_options o = {}) {
+    if (o.threads > 1) {
+        auto group = make_stage<record, std::vector<record>>(
+            "group", {.on = pool::cpu, .buffer = {2 * o.threads, 0}},
+            [o](stage_context<record, std::vector<record>>& ctx) {
+                return detail::batch_worker<record, std::vector<record>>(
+                    ctx, o, [](std::vector<record>& g) { return std::move(g); });
+            });
+        auto collate = make_stage<std::vector<record>, host_batch>(
+            "batch", {.concurrency = o.threads, .order = ordering::ordered, .on = pool::cpu, .buffer = o.out},
+            [o](stage_context<std::vector<record>, host_batch>& ctx) {
+                std::shared_ptr<buffer_source> mem = o.memory;
+                if (!mem) mem = ctx.rt.buffers();
+                return detail::item_worker(ctx, [mem](std::vector<record>&& g, std::vector<host_batch>& out) {
+                    out.push_back(detail::collate_records(g, *mem));
+                });
+            });
+        return group | collate;
+    }
     return make_stage<record, host_batch>(
         "batch", {.on = pool::cpu, .buffer = o.out},
         [o](stage_context<record, host_batch>& ctx) {

@@ -65,3 +65,21 @@ TEST_CASE("batches are collated into memory from the given source", "[batch]") {
     REQUIRE(n == 3);
     REQUIRE(mem->calls.load() == 3);
 }
+
+TEST_CASE("batches collated on several workers come out in order", "[batch]") {
+    std::vector<std::string> texts;
+    for (int i = 0; i < 1000; ++i) texts.push_back(std::string(i % 37, char('a' + i % 26)));
+    auto run = [&](unsigned threads) {
+        std::vector<std::string> out;
+        for (auto& b : sluice::pipeline(sluice::from(records(texts)) | sluice::batch({.size = 7, .threads = threads}),
+                                        {.runtime = {.cpu_threads = 3}})) {
+            REQUIRE(b.offsets.size() == b.size() + 1);
+            out.emplace_back(b.data.view());
+            out.back() += "|" + b.key(0);
+        }
+        return out;
+    };
+    const auto one = run(1);
+    REQUIRE(one.size() == 143);  // 1000 / 7, the last one partial
+    REQUIRE(run(3) == one);
+}
