@@ -61,10 +61,8 @@ public:
     std::optional<T> next_blocking() {
         reader_guard guard(readers_);
         auto& ch = channel_();
-        auto got = std::optional<T>{};
-        const auto t_call = detail::now_ns();
-        if (last_return_ns_) detail::bump(consumer().wait_out_ns, t_call - last_return_ns_);
-        got = ch.receive_blocking(&consumer().wait_in_ns);
+        if (last_return_ns_) detail::bump(consumer().wait_out_ns, detail::now_ns() - last_return_ns_);
+        auto got = ch.receive_blocking(&consumer().wait_in_ns);
         if (got) {
             detail::bump(consumer().items_in);
             detail::bump(consumer().bytes_in, byte_size_of(*got));
@@ -99,7 +97,9 @@ public:
         r->progress_cv.notify_all();
         if (r->progress.joinable()) r->progress.join();
         r->rt->join();
-        final_ = figures_of(*r);
+        auto f = figures_of(*r);
+        std::lock_guard lock(m_);  // figures() may read it from another thread
+        final_ = std::move(f);
     }
 
     /// Figures so far (or final figures after stop()).

@@ -18,16 +18,24 @@ public:
             out.push_back(record{std::move(c.data), c.source, 0, 0});
             return;
         }
-        auto& acc = partial_[c.source.get()];
-        acc.insert(acc.end(), c.data.begin(), c.data.end());
-        if (c.last) {
-            out.push_back(record{bytes::copy_of(std::span<const std::byte>(acc)), c.source, 0, 0});
-            partial_.erase(c.source.get());
+        // Keep the parts (slices, no copy) and join them once at the end.
+        auto& parts = partial_[c.source.get()];
+        parts.push_back(std::move(c.data));
+        if (!c.last) return;
+        std::size_t total = 0;
+        for (auto& p : parts) total += p.size();
+        auto joined = std::make_shared<buffer>(total ? total : 1);
+        std::byte* dst = joined->data();
+        for (auto& p : parts) {
+            if (!p.empty()) std::memcpy(dst, p.data(), p.size());
+            dst += p.size();
         }
+        out.push_back(record{bytes(std::move(joined), total), c.source, 0, 0});
+        partial_.erase(c.source.get());
     }
 
 private:
-    std::unordered_map<const shard*, std::vector<std::byte>> partial_;
+    std::unordered_map<const shard*, std::vector<bytes>> partial_;
 };
 }  // namespace detail
 

@@ -98,11 +98,16 @@ inline task<void> read_worker(stage_context<shard, chunk>& ctx, read_options o) 
         const std::uint64_t size = S_ISREG(st.st_mode) ? static_cast<std::uint64_t>(st.st_size) : ~0ull;
         std::uint64_t offset = 0;
         for (;;) {
-            auto buf = ctx.rt.buffers()->allocate(chunk_size);
+            // No bigger than what is left of the file: a record sliced from the chunk of a
+            // small file must not pin a whole chunk_size buffer, which the channels' byte
+            // budgets (counting record bytes) would not see.
+            const std::size_t want =
+                size == ~0ull ? chunk_size : static_cast<std::size_t>(std::min<std::uint64_t>(chunk_size, size - offset));
+            auto buf = ctx.rt.buffers()->allocate(want);
             std::size_t filled = 0;
             bool eof = false;
-            while (filled < chunk_size) {
-                const ssize_t n = ::pread(fd.get(), buf->data() + filled, chunk_size - filled,
+            while (filled < want) {
+                const ssize_t n = ::pread(fd.get(), buf->data() + filled, want - filled,
                                           static_cast<off_t>(offset + filled));
                 if (n < 0) {
                     if (errno == EINTR) continue;
