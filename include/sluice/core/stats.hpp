@@ -50,6 +50,7 @@ public:
     const std::string& name() const noexcept { return name_; }
     bool counts_records() const noexcept { return counts_records_; }
     worker_counters& worker(std::size_t i) { return *workers_[i]; }
+    const worker_counters& worker(std::size_t i) const { return *workers_[i]; }
     std::size_t workers() const noexcept { return workers_.size(); }
 
     /// A named counter, created on first use (thread-safe).
@@ -97,7 +98,7 @@ inline stage_figures snapshot(const stage_stats& s, std::uint64_t now_ns) {
     f.workers = static_cast<unsigned>(s.workers());
     std::uint64_t alive = 0, wi = 0, wo = 0;
     for (std::size_t i = 0; i < s.workers(); ++i) {
-        auto& w = const_cast<stage_stats&>(s).worker(i);
+        const auto& w = s.worker(i);
         f.items_in += w.items_in.load(std::memory_order_relaxed);
         f.items_out += w.items_out.load(std::memory_order_relaxed);
         f.bytes_in += w.bytes_in.load(std::memory_order_relaxed);
