@@ -1,8 +1,10 @@
 # Finds what sluice's headers need; used by the source tree and by the installed package.
 #   Threads::Threads
 #   sluice::asio  (standalone Asio headers, e.g. Debian's libasio-dev)
+#   ZLIB::ZLIB    (gzip inflate for the formats; Debian's zlib1g-dev)
 include(CMakeFindDependencyMacro)
 find_dependency(Threads)
+find_dependency(ZLIB)
 if(NOT TARGET sluice::asio)
   find_path(SLUICE_ASIO_INCLUDE_DIR asio.hpp DOC "standalone Asio's include directory")
   if(NOT SLUICE_ASIO_INCLUDE_DIR)

@@ -10,8 +10,13 @@
 #include <sluice/core/stage.hpp>
 #include <sluice/core/stats.hpp>
 #include <sluice/core/task.hpp>
+#include <sluice/formats/crc32c.hpp>
+#include <sluice/formats/decode.hpp>
 #include <sluice/formats/lines.hpp>
 #include <sluice/formats/raw.hpp>
+#include <sluice/formats/recordio.hpp>
+#include <sluice/formats/tar.hpp>
+#include <sluice/formats/tfrecord.hpp>
 #include <sluice/io/list.hpp>
 #include <sluice/io/local.hpp>
 #include <sluice/ops/batch.hpp>

@@ -23,18 +23,20 @@ private:
 /// A failure to read a source: names the path or URL and, where known, the byte offset.
 class source_error : public error {
 public:
+    /// `where` qualifies the offset, e.g. "of the uncompressed stream".
     source_error(std::string url, const std::string& what, std::error_code code = {},
-                 std::uint64_t offset = npos)
-        : error(format(url, what, code, offset), code), url_(std::move(url)), offset_(offset) {}
+                 std::uint64_t offset = npos, const std::string& where = {})
+        : error(format(url, what, code, offset, where), code), url_(std::move(url)), offset_(offset) {}
     static constexpr std::uint64_t npos = ~std::uint64_t{0};
     const std::string& url() const noexcept { return url_; }
     std::uint64_t offset() const noexcept { return offset_; }
 
 private:
     static std::string format(const std::string& url, const std::string& what,
-                              std::error_code code, std::uint64_t offset) {
+                              std::error_code code, std::uint64_t offset, const std::string& where) {
         std::string s = "sluice: " + what + " '" + url + "'";
         if (offset != npos) s += " at byte " + std::to_string(offset);
+        if (offset != npos && !where.empty()) s += " " + where;
         if (code) s += ": " + code.message();
         return s;
     }

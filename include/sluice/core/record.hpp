@@ -3,14 +3,19 @@
 //   list -> std::string (a path or URL)
 //   plan -> shard   (one object to read in one epoch, at its place in the epoch's order)
 //   read/fetch -> chunk (a piece of a shard's bytes, in order, the last one flagged)
-//   decode -> record (one record: a slice of a chunk, with where it came from)
+//   gunzip -> chunk (the same shard's bytes, inflated)
+//   decode -> record (one record: a slice of a chunk, with where it came from),
+//             or sample (WebDataset: the files of one key in a tar shard)
 // Formats see only chunks, never where they came from; sources see only shards.
 
 #include <sluice/core/bytes.hpp>
+#include <sluice/core/error.hpp>
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace sluice {
 
@@ -29,6 +34,8 @@ struct chunk {
     std::uint64_t offset = 0;  // of data[0] within the shard
     bytes data;
     bool last = false;
+    /// Set by gunzip(): offsets count bytes of the uncompressed stream, not of the shard.
+    bool inflated = false;
     std::size_t byte_size() const noexcept { return data.size(); }
 };
 
@@ -38,6 +45,8 @@ struct record {
     std::shared_ptr<const shard> source;
     std::uint64_t index = 0;   // ordinal of the record within its shard
     std::uint64_t offset = 0;  // byte offset of the record within its shard
+    /// The member's path inside an archive (tar); empty for other formats.
+    std::string name = {};
     std::size_t byte_size() const noexcept { return data.size(); }
     /// "url#index": names the sample in messages and key lists.
     std::string key() const {
@@ -45,6 +54,46 @@ struct record {
     }
     /// Copy out of a large chunk when holding only a small part of it (see bytes::compact).
     void compact(buffer_source* from = nullptr) { data = data.compact(from); }
+};
+
+/// One file of a WebDataset sample: its extension ("jpg", "seg.png", "json") and bytes.
+struct field {
+    std::string name = {};
+    bytes data;
+};
+
+/// A WebDataset sample: the files of a tar shard that share a key, the path up to the
+/// first dot of the file name ("train/000123" for "train/000123.jpg" and
+/// "train/000123.cls"), one field per extension, in archive order.
+struct sample {
+    std::string key;
+    std::vector<field> fields;
+    std::shared_ptr<const shard> source;
+    std::uint64_t index = 0;   // ordinal of the sample within its shard
+    std::uint64_t offset = 0;  // byte offset of its first file's data within the shard
+
+    /// The field with this extension, or nullptr.
+    const bytes* find(std::string_view ext) const noexcept {
+        for (auto& f : fields)
+            if (f.name == ext) return &f.data;
+        return nullptr;
+    }
+    /// The field with this extension; a sluice::error naming the sample when it has none.
+    const bytes& at(std::string_view ext) const {
+        if (auto* b = find(ext)) return *b;
+        std::string have;
+        for (auto& f : fields) have += (have.empty() ? "" : ", ") + f.name;
+        throw error("sluice: sample '" + key + "' of '" + (source ? source->url : std::string("?")) +
+                    "' has no field '" + std::string(ext) + "' (it has: " + have + ")");
+    }
+    std::size_t byte_size() const noexcept {
+        std::size_t n = 0;
+        for (auto& f : fields) n += f.data.size();
+        return n;
+    }
+    void compact(buffer_source* from = nullptr) {
+        for (auto& f : fields) f.data = f.data.compact(from);
+    }
 };
 
 }  // namespace sluice

@@ -3,6 +3,7 @@
 
 #include <sluice/core/record.hpp>
 #include <sluice/core/stage.hpp>
+#include <sluice/formats/decode.hpp>
 
 #include <cstring>
 #include <string>
@@ -28,7 +29,7 @@ public:
         auto emit = [&](bytes data, std::uint64_t offset) {
             if (!data.empty() && data.data()[data.size() - 1] == std::byte{'\r'})
                 data = data.slice(0, data.size() - 1);
-            out.push_back(record{std::move(data), c.source, st.next_index++, offset});
+            out.push_back(record{std::move(data), c.source, st.next_index++, offset, {}});
         };
         if (!st.carry.empty()) {
             const char* nl = static_cast<const char*>(std::memchr(p, '\n', static_cast<std::size_t>(end - p)));
@@ -72,10 +73,13 @@ private:
 /// bytes).
 /// Errors: none of its own (any byte sequence is lines); upstream errors pass through.
 /// Cancellation: stops at the next send.
+/// gzip'd shards (".jsonl.gz") are inflated first unless `gz` is compression::none.
 /// Example: `| sluice::read() | sluice::lines() | sluice::batch({.size = 1024})`
-inline stage<chunk, record> lines(channel_limits out = {1024, 64u << 20}) {
-    return make_item_stage<chunk, record>("lines", {.on = pool::cpu, .buffer = out},
-                                          detail::lines_decoder{}, /*counts_records=*/true);
+inline stage<chunk, record> lines(channel_limits out = {1024, 64u << 20}, compression gz = compression::detect) {
+    auto split = make_item_stage<chunk, record>("lines", {.on = pool::cpu, .buffer = out},
+                                                detail::lines_decoder{}, /*counts_records=*/true);
+    if (gz == compression::none) return split;
+    return gunzip({.mode = gz}) | std::move(split);
 }
 
 }  // namespace sluice

@@ -15,7 +15,7 @@ class raw_decoder {
 public:
     void operator()(chunk&& c, std::vector<record>& out) {
         if (c.offset == 0 && c.last) {  // the whole object in one chunk: no copy
-            out.push_back(record{std::move(c.data), c.source, 0, 0});
+            out.push_back(record{std::move(c.data), c.source, 0, 0, {}});
             return;
         }
         // Keep the parts (slices, no copy) and join them once at the end.
@@ -30,7 +30,7 @@ public:
             if (!p.empty()) std::memcpy(dst, p.data(), p.size());
             dst += p.size();
         }
-        out.push_back(record{bytes(std::move(joined), total), c.source, 0, 0});
+        out.push_back(record{bytes(std::move(joined), total), c.source, 0, 0, {}});
         partial_.erase(c.source.get());
     }
 
@@ -41,7 +41,8 @@ private:
 
 /// Takes: chunks. Gives: one record per shard holding all its bytes. An object that fits
 /// one chunk is passed on without a copy; a larger one is assembled (one copy), so give
-/// read() a chunk_size above your typical object size.
+/// read() a chunk_size above your typical object size. Bytes are given as stored: put
+/// sluice::gunzip() before raw() to inflate gzip'd objects.
 /// Backpressure: holds at most one object per file in flight while assembling it.
 /// Errors: none of its own; upstream errors pass through.
 /// Cancellation: stops at the next send.

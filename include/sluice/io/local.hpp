@@ -88,7 +88,7 @@ inline task<void> read_worker(stage_context<shard, chunk>& ctx, read_options o) 
                 // A named chunk, not `send(chunk{...})`: g++ 12 destroys the members of a
                 // braced temporary in a co_await operand twice (seen as a shared_ptr
                 // released twice under ASan).
-                chunk c{src, off, whole.slice(off, n), off + n == size};
+                chunk c{src, off, whole.slice(off, n), off + n == size, false};
                 co_await ctx.out.send(std::move(c));
             }
             continue;
@@ -120,7 +120,7 @@ inline task<void> read_worker(stage_context<shard, chunk>& ctx, read_options o) 
                 filled += static_cast<std::size_t>(n);
             }
             const bool last = eof || offset + filled >= size;
-            chunk c{src, offset, bytes(std::move(buf), filled), last};
+            chunk c{src, offset, bytes(std::move(buf), filled), last, false};
             offset += filled;
             co_await ctx.out.send(std::move(c));
             if (last) break;

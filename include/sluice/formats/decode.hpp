@@ -1,0 +1,121 @@
+#pragma once
+// What the record formats share: their options (corruption policy, gzip, limits), the
+// gunzip stage, and the worker that runs a parser per shard.
+
+#include <sluice/core/record.hpp>
+#include <sluice/core/stage.hpp>
+#include <sluice/formats/detail/cursor.hpp>
+#include <sluice/formats/detail/gzip_inflater.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace sluice {
+
+/// Options of tfrecord(), recordio(), tar() and webdataset().
+struct decode_options {
+    /// Corrupt input: fail with an error naming shard and byte offset, or skip and count.
+    sluice::on_corrupt on_corrupt = sluice::on_corrupt::error;
+    /// Inflate gzip'd shards first (".gz" names or the gzip magic by default).
+    compression gzip = compression::detect;
+    /// Check the format's checksums (TFRecord's CRC32C of length and data). Tar header
+    /// checksums are always checked: they are what finds a header at all.
+    bool verify = true;
+    /// A record larger than this is treated as corrupt instead of allocated: a damaged
+    /// length field must not ask for terabytes.
+    std::size_t max_record_bytes = std::size_t{1} << 30;
+    /// Called for each corruption skipped under on_corrupt::skip (on the stage's worker
+    /// thread), with the error that would have been thrown: to log what was lost.
+    std::function<void(const source_error&)> on_skip = nullptr;
+    /// Capacity of the output channel, in records and bytes.
+    channel_limits out = {1024, 64u << 20};
+};
+
+/// Options of gunzip().
+struct gzip_options {
+    compression mode = compression::detect;
+    sluice::on_corrupt on_corrupt = sluice::on_corrupt::error;
+    std::function<void(const source_error&)> on_skip = nullptr;
+    /// Bytes per inflated chunk.
+    std::size_t chunk_size = 4u << 20;
+    channel_limits out = {16, 64u << 20};
+};
+
+namespace detail {
+
+template <class Out, class D>
+task<void> decode_worker(stage_context<chunk, Out>& ctx, D d) {
+    std::vector<Out> outs;
+    while (auto c = co_await ctx.in.next()) {
+        std::exception_ptr failed;
+        try {
+            d(std::move(*c), outs);
+        } catch (...) {
+            failed = std::current_exception();
+        }
+        // What was decoded before a corruption goes downstream before the error.
+        for (auto& o : outs) co_await ctx.out.send(std::move(o));
+        outs.clear();
+        if (failed) std::rethrow_exception(failed);
+    }
+}
+
+template <class Opt>
+std::shared_ptr<parse_policy> policy_for(const Opt& o, stage_stats& st, runtime& rt) {
+    auto p = std::make_shared<parse_policy>();
+    p->corrupt = o.on_corrupt;
+    p->on_skip = o.on_skip;
+    p->mem = rt.buffers().get();
+    p->skipped = &st.counter("corrupt");
+    return p;
+}
+
+/// A format stage: one parser per shard on one CPU worker (a shard's chunks must meet
+/// one parser in order), after a gunzip stage unless compression::none.
+template <class Parser, class Out>
+stage<chunk, Out> decoder(std::string name, decode_options o, bool counts_ignored = false);
+
+}  // namespace detail
+
+/// Takes: chunks. Gives: the same shards' bytes inflated, as chunks of `chunk_size`
+/// (flagged `inflated`: their offsets count uncompressed bytes); shards that are not gzip
+/// (by name or magic, under compression::detect) pass through untouched. Members of a
+/// multi-member file are inflated one after another; zeros after a member are ignored.
+/// Backpressure: one partly filled chunk per shard in flight plus the output channel.
+/// Errors: a broken or truncated stream is a sluice::source_error naming the shard and
+/// the compressed byte offset; under on_corrupt::skip it is counted ("corrupt") and
+/// inflating resumes at the next member's header, if any (what the broken member's tail
+/// held is lost, and the parser after it sees a cut record, which its own policy handles).
+/// Cancellation: stops at the next send.
+/// Example: `sluice::read() | sluice::gunzip() | sluice::lines()`
+inline stage<chunk, chunk> gunzip(gzip_options o = {}) {
+    return make_stage<chunk, chunk>(
+        "gunzip", {.on = pool::cpu, .buffer = o.out}, [o](stage_context<chunk, chunk>& ctx) {
+            return detail::decode_worker(
+                ctx, detail::gunzip_decoder(detail::policy_for(o, ctx.stats, ctx.rt), o.mode, o.chunk_size));
+        });
+}
+
+template <class Parser, class Out>
+stage<chunk, Out> detail::decoder(std::string name, decode_options o, bool counts_ignored) {
+    auto parse = make_stage<chunk, Out>(
+        std::move(name), {.on = pool::cpu, .buffer = o.out},
+        [o, counts_ignored](stage_context<chunk, Out>& ctx) {
+            auto pol = policy_for(o, ctx.stats, ctx.rt);
+            pol->verify = o.verify;
+            pol->max_record_bytes = o.max_record_bytes;
+            if (counts_ignored) pol->ignored = &ctx.stats.counter("ignored");
+            return decode_worker(ctx, shard_parsers<Parser, Out>(std::move(pol)));
+        },
+        /*counts_records=*/true);
+    if (o.gzip == compression::none) return parse;
+    gzip_options g;
+    g.mode = o.gzip;
+    g.on_corrupt = o.on_corrupt;
+    g.on_skip = o.on_skip;
+    return gunzip(std::move(g)) | std::move(parse);
+}
+
+}  // namespace sluice

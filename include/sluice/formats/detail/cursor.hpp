@@ -1,0 +1,209 @@
+#pragma once
+// What every record parser shares: a cursor over one shard's chunks, and the policy for
+// corrupt input. No Asio here: the fuzz targets build the parsers alone.
+
+#include <sluice/core/bytes.hpp>
+#include <sluice/core/error.hpp>
+#include <sluice/core/record.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace sluice {
+
+/// What a parser does with a corrupt record (bad checksum, truncated record, bad tar
+/// header, broken gzip stream, garbage).
+enum class on_corrupt {
+    /// Fail the pipeline with a sluice::source_error naming the shard and byte offset
+    /// (records before it are delivered first).
+    error,
+    /// Skip it, count it in the stage's "corrupt" counter, call on_skip, and go on with
+    /// the next intact record (parsers scan forward for the next valid header).
+    skip,
+};
+
+namespace detail {
+
+/// The part of a format's options the parser sees.
+struct parse_policy {
+    on_corrupt corrupt = on_corrupt::error;
+    bool verify = true;  // checksums where the format has them
+    std::size_t max_record_bytes = std::size_t{1} << 30;
+    std::atomic<std::uint64_t>* skipped = nullptr;  // the stage's "corrupt" counter
+    std::atomic<std::uint64_t>* ignored = nullptr;  // WebDataset: files with no extension
+    std::function<void(const source_error&)> on_skip;
+    buffer_source* mem = nullptr;  // where records that straddle chunks are assembled
+};
+
+/// One shard's bytes as they arrive, chunk by chunk, read as one stream: gives views
+/// that are slices of the current chunk when the bytes lie in it, and assembles them
+/// (the only copy) when they straddle chunks. Logical offsets count from the shard's start.
+class byte_cursor {
+public:
+    /// Starts reading a new chunk. What the previous one left (a partial header in the
+    /// stash, a partial record) carries over.
+    void feed(const bytes& data) {
+        cur_ = data;
+        pos_ = 0;
+        if (skip_) {
+            const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(skip_, cur_.size()));
+            pos_ = n;
+            skip_ -= n;
+        }
+    }
+    /// Offset of the next unread byte (of a record being assembled: of its first byte).
+    std::uint64_t offset() const noexcept { return offset_; }
+    std::size_t chunk_left() const noexcept { return cur_.size() - pos_; }
+    /// Nothing held between chunks: at the end of a shard, anything else is a truncation.
+    bool empty() const noexcept { return stash_.empty() && !partial_ && skip_ == 0; }
+    /// Bytes stashed or left in the current chunk (not counting a record being assembled).
+    std::size_t available() const noexcept { return stash_.size() + chunk_left(); }
+
+    /// A view of the next `n` bytes without consuming them, or nullptr when fewer have
+    /// arrived (they are kept; call again after the next feed). For headers: small n.
+    const std::byte* peek(std::size_t n) {
+        if (stash_.empty()) {
+            if (chunk_left() >= n) return cur_.data() + pos_;
+            stash_.assign(cur_.data() + pos_, cur_.data() + cur_.size());
+            pos_ = cur_.size();
+            return nullptr;
+        }
+        if (stash_.size() < n) {
+            const std::size_t add = std::min(n - stash_.size(), chunk_left());
+            stash_.insert(stash_.end(), cur_.data() + pos_, cur_.data() + pos_ + add);
+            pos_ += add;
+        }
+        return stash_.size() >= n ? stash_.data() : nullptr;
+    }
+
+    /// Consumes `n` bytes; those not yet arrived are skipped as they come.
+    void consume(std::uint64_t n) {
+        offset_ += n;
+        const std::size_t s = static_cast<std::size_t>(std::min<std::uint64_t>(n, stash_.size()));
+        stash_.erase(stash_.begin(), stash_.begin() + static_cast<std::ptrdiff_t>(s));
+        n -= s;
+        const std::size_t c = static_cast<std::size_t>(std::min<std::uint64_t>(n, chunk_left()));
+        pos_ += c;
+        skip_ += n - c;
+    }
+
+    /// The next `n` bytes as one slice: of the chunk when they lie in it, else assembled
+    /// in a buffer of their own. False while not all have arrived; call again with the
+    /// same `n` after the next feed.
+    bool take(std::size_t n, bytes& out) {
+        if (!partial_) {
+            if (stash_.empty() && skip_ == 0 && chunk_left() >= n) {
+                out = cur_.slice(pos_, n);
+                pos_ += n;
+                offset_ += n;
+                return true;
+            }
+            partial_ = mem_ ? mem_->allocate(n ? n : 1) : std::make_shared<buffer>(n ? n : 1);
+            fill_ = std::min(n, stash_.size());
+            if (fill_) std::memcpy(partial_->data(), stash_.data(), fill_);
+            stash_.erase(stash_.begin(), stash_.begin() + static_cast<std::ptrdiff_t>(fill_));
+        }
+        const std::size_t add = std::min(n - fill_, chunk_left());
+        if (add) std::memcpy(partial_->data() + fill_, cur_.data() + pos_, add);
+        fill_ += add;
+        pos_ += add;
+        if (fill_ < n) return false;
+        out = bytes(std::move(partial_), n);
+        partial_.reset();
+        offset_ += n;
+        return true;
+    }
+
+    /// Drops everything held and skips the rest of the current chunk (after a fatal
+    /// corruption under the skip policy).
+    void drop_rest() {
+        offset_ += available();
+        stash_.clear();
+        partial_.reset();
+        pos_ = cur_.size();
+    }
+
+    void use(buffer_source* mem) noexcept { mem_ = mem; }
+
+private:
+    bytes cur_;
+    std::size_t pos_ = 0;
+    std::uint64_t offset_ = 0;
+    std::uint64_t skip_ = 0;
+    std::vector<std::byte> stash_;  // the start of a header cut by a chunk boundary
+    std::shared_ptr<buffer> partial_;
+    std::size_t fill_ = 0;
+    buffer_source* mem_ = nullptr;
+};
+
+inline std::uint32_t le32(const std::byte* p) noexcept {
+    const auto* u = reinterpret_cast<const unsigned char*>(p);
+    return std::uint32_t{u[0]} | std::uint32_t{u[1]} << 8 | std::uint32_t{u[2]} << 16 | std::uint32_t{u[3]} << 24;
+}
+inline std::uint64_t le64(const std::byte* p) noexcept {
+    return std::uint64_t{le32(p)} | std::uint64_t{le32(p + 4)} << 32;
+}
+
+/// Reports a corruption: throws under on_corrupt::error; under skip, counts it, tells
+/// on_skip and returns so the parser can resynchronise.
+inline void corrupt(const parse_policy& pol, const shard& src, bool inflated, const std::string& what,
+                    std::uint64_t offset) {
+    source_error e(src.url, what + " in", {}, offset, inflated ? "of the uncompressed stream" : "");
+    if (pol.corrupt == on_corrupt::error) throw e;
+    if (pol.skipped) pol.skipped->fetch_add(1, std::memory_order_relaxed);
+    if (pol.on_skip) pol.on_skip(e);
+}
+
+/// What each format's parser of one shard has: the policy, the shard, its cursor.
+/// A parser adds `void parse(std::vector<Out>&)` (consume what the cursor holds) and
+/// `void finish(std::vector<Out>&)` (the shard ended).
+struct parser_base {
+    const parse_policy* pol = nullptr;
+    std::shared_ptr<const shard> src;
+    bool inflated = false;
+    byte_cursor cur;
+
+    void bad(const std::string& what, std::uint64_t offset) const { corrupt(*pol, *src, inflated, what, offset); }
+    bool skipping() const noexcept { return pol->corrupt == on_corrupt::skip; }
+};
+
+/// Runs one parser per shard, so chunks of several shards may interleave.
+template <class Parser, class Out>
+class shard_parsers {
+public:
+    explicit shard_parsers(std::shared_ptr<const parse_policy> pol) : pol_(std::move(pol)) {}
+
+    void operator()(chunk&& c, std::vector<Out>& out) {
+        auto [it, fresh] = parsers_.try_emplace(c.source.get());
+        Parser& p = it->second;
+        if (fresh) {
+            p.pol = pol_.get();
+            p.src = c.source;
+            p.inflated = c.inflated;
+            p.cur.use(pol_->mem);
+        }
+        try {
+            p.cur.feed(c.data);
+            p.parse(out);
+            if (c.last) p.finish(out);
+        } catch (...) {
+            parsers_.erase(it);
+            throw;
+        }
+        if (c.last) parsers_.erase(it);
+    }
+
+private:
+    std::shared_ptr<const parse_policy> pol_;
+    std::unordered_map<const shard*, Parser> parsers_;
+};
+
+}  // namespace detail
+}  // namespace sluice

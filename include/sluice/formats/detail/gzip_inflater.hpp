@@ -1,0 +1,241 @@
+#pragma once
+// gzip, one shard: inflates the shard's chunks into new chunks with zlib, member after
+// member (a multi-member file, like `cat a.gz b.gz`, is one stream); zero bytes after a
+// member are ignored, as gzip(1) does. Shards that are not gzip pass through untouched.
+
+#include <sluice/formats/detail/cursor.hpp>
+
+#include <zlib.h>
+
+namespace sluice {
+
+/// Whether a format stage inflates its input.
+enum class compression {
+    /// Inflate shards whose name ends in ".gz" or whose bytes start with the gzip magic
+    /// (1f 8b 08); pass the others through.
+    detect,
+    /// Never inflate.
+    none,
+    /// Always inflate (a shard that is not gzip is an error).
+    gzip,
+};
+
+namespace detail {
+
+inline bool ends_with_gz(const std::string& url) {
+    std::string_view u(url);
+    const auto q = u.find_first_of("?#");  // an URL's query is not part of the name
+    if (q != std::string_view::npos) u = u.substr(0, q);
+    return u.size() >= 3 && u.substr(u.size() - 3) == ".gz";
+}
+
+class gzip_inflater {
+public:
+    gzip_inflater() = default;
+    gzip_inflater(const gzip_inflater&) = delete;
+    gzip_inflater& operator=(const gzip_inflater&) = delete;
+    ~gzip_inflater() {
+        if (z_ready_) inflateEnd(&z_);
+    }
+
+    const parse_policy* pol = nullptr;
+    std::shared_ptr<const shard> src;
+    compression mode = compression::detect;
+    std::size_t out_chunk = 4u << 20;
+
+    void feed(chunk&& c, std::vector<chunk>& out) {
+        if (state_ == state::undecided) {
+            if (mode == compression::none) state_ = state::pass;
+            else if (mode == compression::gzip || ends_with_gz(src->url)) state_ = state::inflate;
+            else {
+                // Decide on the first three bytes, which the first chunks may cut: head_
+                // holds all of the earlier chunks (fewer than three bytes).
+                std::byte probe[3] = {};
+                std::size_t k = 0;
+                for (std::size_t i = 0; i < head_.size() && k < 3; ++i) probe[k++] = head_[i];
+                for (std::size_t i = 0; i < c.data.size() && k < 3; ++i) probe[k++] = c.data.data()[i];
+                if (k < 3 && !c.last) {
+                    head_.insert(head_.end(), c.data.data(), c.data.data() + c.data.size());
+                    return;
+                }
+                state_ = k == 3 && std::memcmp(probe, magic_, 3) == 0 ? state::inflate : state::pass;
+            }
+        }
+        if (state_ == state::pass) {
+            if (!head_.empty()) {  // the bytes held while deciding
+                chunk h{src, 0, bytes::copy_of(head_, pol->mem), false, false};
+                head_.clear();
+                out.push_back(std::move(h));
+            }
+            out.push_back(std::move(c));
+            return;
+        }
+        if (!z_ready_) {
+            if (inflateInit2(&z_, 15 + 16) != Z_OK) throw error("sluice: zlib cannot start (out of memory?)");
+            z_ready_ = true;
+        }
+        if (!head_.empty()) {
+            auto h = std::move(head_);
+            head_.clear();
+            in_offset_ = 0;
+            input(h.data(), h.size(), out);
+            in_offset_ = c.offset;  // of c.data[0]
+        } else {
+            in_offset_ = c.offset;
+        }
+        input(c.data.data(), c.data.size(), out);
+        if (c.last) finish(out);
+    }
+
+private:
+    enum class state { undecided, pass, inflate, scan } state_ = state::undecided;
+    z_stream z_{};
+    bool z_ready_ = false;
+    bool member_open_ = false;
+    std::uint64_t member_start_ = 0;
+    std::uint64_t in_offset_ = 0;   // compressed offset of the next input byte
+    std::uint64_t out_offset_ = 0;  // uncompressed offset of out_[0]
+    std::vector<std::byte> head_;
+    std::shared_ptr<buffer> out_;
+    std::size_t fill_ = 0;
+    int match_ = 0;  // bytes of the magic matched while scanning
+
+    static constexpr unsigned char magic_[3] = {0x1f, 0x8b, 0x08};
+
+    void input(const std::byte* p, std::size_t n, std::vector<chunk>& out) {
+        while (n) {
+            if (state_ == state::scan) {
+                std::size_t i = 0;
+                for (; i < n && match_ < 3; ++i) {
+                    const auto b = static_cast<unsigned char>(p[i]);
+                    match_ = b == magic_[match_] ? match_ + 1 : (b == magic_[0] ? 1 : 0);
+                }
+                in_offset_ += i;
+                p += i;
+                n -= i;
+                if (match_ < 3) return;
+                match_ = 0;
+                state_ = state::inflate;
+                inflateReset(&z_);
+                in_offset_ -= 3;  // the member starts at its magic
+                const std::uint64_t resume = in_offset_ + 3;
+                inflate_some(reinterpret_cast<const std::byte*>(magic_), 3, out);
+                in_offset_ = resume;
+                continue;
+            }
+            const std::size_t used = inflate_some(p, n, out);
+            p += used;
+            n -= used;
+        }
+    }
+
+    // Inflates until the input is used up or the stream breaks; returns the bytes used.
+    std::size_t inflate_some(const std::byte* p, std::size_t n, std::vector<chunk>& out) {
+        std::size_t used = 0;
+        if (!member_open_) {  // between members: skip zero padding
+            while (used < n && p[used] == std::byte{0}) ++used;
+            in_offset_ += used;
+            if (used == n) return used;
+            member_open_ = true;
+            member_start_ = in_offset_;
+        }
+        z_.next_in = reinterpret_cast<Bytef*>(const_cast<std::byte*>(p + used));
+        z_.avail_in = static_cast<uInt>(std::min<std::size_t>(n - used, 1u << 30));
+        const std::size_t given = z_.avail_in;
+        for (;;) {
+            if (!out_) {
+                out_ = pol->mem ? pol->mem->allocate(out_chunk) : std::make_shared<buffer>(out_chunk);
+                fill_ = 0;
+            }
+            z_.next_out = reinterpret_cast<Bytef*>(out_->data() + fill_);
+            z_.avail_out = static_cast<uInt>(out_chunk - fill_);
+            const std::size_t before_in = z_.avail_in;
+            const int r = ::inflate(&z_, Z_NO_FLUSH);
+            fill_ = out_chunk - z_.avail_out;
+            in_offset_ += before_in - z_.avail_in;
+            if (fill_ == out_chunk) emit(out, false);
+            if (r == Z_STREAM_END) {
+                member_open_ = false;
+                inflateReset(&z_);
+                return used + (given - z_.avail_in);
+            }
+            if (r != Z_OK && r != Z_BUF_ERROR) {
+                const std::string why = z_.msg ? z_.msg : zError(r);
+                const std::uint64_t at = in_offset_;
+                member_open_ = false;
+                broken("broken gzip stream (" + why + ") in the member starting at byte " +
+                           std::to_string(member_start_) + " of",
+                       at);
+                state_ = state::scan;  // skip policy: look for the next member
+                match_ = 0;
+                return used + (given - z_.avail_in);
+            }
+            if (z_.avail_in == 0) return used + given;
+            if (r == Z_BUF_ERROR) return used + (given - z_.avail_in);  // no progress possible
+        }
+    }
+
+    void finish(std::vector<chunk>& out) {
+        if (member_open_ && state_ == state::inflate)
+            broken("truncated gzip stream (the shard ends inside the member starting at byte " +
+                       std::to_string(member_start_) + ") in",
+                   in_offset_);
+        emit(out, true);
+    }
+
+    void broken(const std::string& what, std::uint64_t at) {
+        source_error e(src->url, what, {}, at);
+        if (pol->corrupt == on_corrupt::error) throw e;
+        if (pol->skipped) pol->skipped->fetch_add(1, std::memory_order_relaxed);
+        if (pol->on_skip) pol->on_skip(e);
+    }
+
+    void emit(std::vector<chunk>& out, bool last) {
+        bytes data;
+        if (out_ && fill_) {
+            // A small tail would pin a whole out_chunk buffer: copy it out.
+            data = fill_ < out_chunk / 4 ? bytes::copy_of(std::span(out_->data(), fill_), pol->mem)
+                                         : bytes(std::move(out_), fill_);
+        }
+        out_.reset();
+        chunk c{src, out_offset_, std::move(data), last, true};
+        out_offset_ += c.data.size();
+        fill_ = 0;
+        out.push_back(std::move(c));
+    }
+};
+
+/// Runs one inflater per shard.
+class gunzip_decoder {
+public:
+    gunzip_decoder(std::shared_ptr<const parse_policy> pol, compression mode, std::size_t out_chunk)
+        : pol_(std::move(pol)), mode_(mode), out_chunk_(out_chunk ? out_chunk : (4u << 20)) {}
+
+    void operator()(chunk&& c, std::vector<chunk>& out) {
+        auto [it, fresh] = inflaters_.try_emplace(c.source.get());
+        gzip_inflater& z = it->second;
+        if (fresh) {
+            z.pol = pol_.get();
+            z.src = c.source;
+            z.mode = mode_;
+            z.out_chunk = out_chunk_;
+        }
+        const bool last = c.last;
+        try {
+            z.feed(std::move(c), out);
+        } catch (...) {
+            inflaters_.erase(it);
+            throw;
+        }
+        if (last) inflaters_.erase(it);
+    }
+
+private:
+    std::shared_ptr<const parse_policy> pol_;
+    compression mode_;
+    std::size_t out_chunk_;
+    std::unordered_map<const shard*, gzip_inflater> inflaters_;
+};
+
+}  // namespace detail
+}  // namespace sluice

@@ -1,0 +1,26 @@
+#pragma once
+// sluice::tfrecord: TensorFlow's record files (optionally gzip'd).
+
+#include <sluice/formats/decode.hpp>
+#include <sluice/formats/detail/tfrecord_parser.hpp>
+
+namespace sluice {
+
+/// Takes: chunks. Gives: one record per TFRecord record (its data; offset = where its
+/// length field starts). Both CRC32C checksums are checked unless `verify = false`
+/// (SSE4.2 where the CPU has it: bench/RESULTS.md). Records are slices of the chunk;
+/// only one cut by a chunk boundary is copied.
+/// Backpressure: one record being assembled per shard plus the output channel.
+/// Errors: bad length or data checksum, a length over max_record_bytes, a truncated last
+/// record: a sluice::source_error naming the shard and byte offset, after every record
+/// before it. Under on_corrupt::skip: a record with a bad data checksum is dropped (its
+/// length was sound, so the next one is found); after a bad length the parser scans byte
+/// by byte for the next header whose length checksum holds. Each is counted in the
+/// stage's "corrupt" counter.
+/// Cancellation: stops at the next send.
+/// Example: `sluice::list("train-*.tfrecord.gz") | sluice::plan() | sluice::read() | sluice::tfrecord()`
+inline stage<chunk, record> tfrecord(decode_options o = {}) {
+    return detail::decoder<detail::tfrecord_parser, record>("tfrecord", std::move(o));
+}
+
+}  // namespace sluice

@@ -1,0 +1,126 @@
+#include <sluice/formats/decode.hpp>
+
+#include "support/decode_support.hpp"
+#include "support/test_support.hpp"
+
+#include <sluice/core/pipeline.hpp>
+#include <sluice/formats/lines.hpp>
+#include <sluice/formats/raw.hpp>
+#include <sluice/ops/from.hpp>
+
+using sluice_test::cut;
+
+namespace {
+struct inflated {
+    std::string data;
+    std::vector<sluice::chunk> chunks;
+    std::uint64_t skipped = 0;
+    std::string error;
+};
+inflated gunzip(std::vector<sluice::chunk> in, sluice::on_corrupt oc = sluice::on_corrupt::error,
+                sluice::compression mode = sluice::compression::detect, std::size_t out_chunk = 1000) {
+    inflated r;
+    std::atomic<std::uint64_t> skipped{0};
+    auto pol = std::make_shared<sluice::detail::parse_policy>();
+    pol->corrupt = oc;
+    pol->skipped = &skipped;
+    sluice::detail::gunzip_decoder z(pol, mode, out_chunk);
+    try {
+        for (auto& c : in) z(std::move(c), r.chunks);
+    } catch (const sluice::source_error& e) {
+        r.error = e.what();
+    }
+    for (auto& c : r.chunks) r.data += sluice_test::bytes_str(c.data);
+    r.skipped = skipped.load();
+    return r;
+}
+std::string text(sluice::detail::rng& r, std::size_t n) {
+    std::string s(n, ' ');
+    for (auto& c : s) c = static_cast<char>('a' + r.below(r.below(2) ? 3 : 26));  // compressible
+    return s;
+}
+}  // namespace
+
+TEST_CASE("gunzip: multi-member files inflate as one stream at every chunk size", "[gzip][streaming]") {
+    const auto seed = sluice_test::test_seed();
+    INFO("seed " << seed);
+    sluice::detail::rng r(seed);
+    std::string plain, gz;
+    for (int m = 0; m < 3; ++m) {
+        auto part = text(r, 1 + r.below(3 << 20));
+        plain += part;
+        gz += sluice_test::gzip(part, 1 + m * 4);
+    }
+    gz += std::string(10, '\0');  // padding after the last member is ignored
+    for (int t = 0; t < 6; ++t) {
+        auto z = gunzip(cut(gz, sluice_test::random_sizes(r, 4u << 20), "m.gz"), sluice::on_corrupt::error,
+                        sluice::compression::detect, 64 << 10);
+        REQUIRE(z.error.empty());
+        REQUIRE(z.data == plain);
+        std::uint64_t off = 0;
+        for (auto& c : z.chunks) {
+            REQUIRE(c.inflated);
+            REQUIRE(c.offset == off);
+            off += c.data.size();
+        }
+        REQUIRE(z.chunks.back().last);
+        REQUIRE(std::count_if(z.chunks.begin(), z.chunks.end(), [](auto& c) { return c.last; }) == 1);
+    }
+    const auto small = sluice_test::gzip("tiny") + sluice_test::gzip(" file");
+    REQUIRE(gunzip(cut(small, {1}, "s")).data == "tiny file");  // magic cut across chunks
+}
+
+TEST_CASE("gunzip: detection by name and magic; other shards pass through untouched", "[gzip]") {
+    const std::string plain = "not compressed at all";
+    auto pass = gunzip(cut(plain, {1}, "a.txt"));
+    REQUIRE(pass.data == plain);
+    REQUIRE_FALSE(pass.chunks.front().inflated);
+    REQUIRE(gunzip(cut(sluice_test::gzip(plain), {4}, "no-suffix")).data == plain);
+    REQUIRE(gunzip(cut(sluice_test::gzip(plain), {4}, "x.gz"), sluice::on_corrupt::error, sluice::compression::none).data ==
+            sluice_test::gzip(plain));
+    REQUIRE(gunzip(cut("", {1}, "empty")).data.empty());
+    // Named .gz but not gzip: an error, not a pass-through.
+    auto wrong = gunzip(cut(plain, {5}, "x.gz"));
+    REQUIRE(wrong.error == "sluice: broken gzip stream (incorrect header check) in the member starting at byte 0 of 'x.gz' at byte 2");
+    // Forced on a shard without the magic.
+    REQUIRE_FALSE(gunzip(cut(plain, {5}, "y"), sluice::on_corrupt::error, sluice::compression::gzip).error.empty());
+}
+
+TEST_CASE("gunzip: broken and truncated streams name the shard and offset; skip resumes at the next member", "[gzip][corrupt]") {
+    sluice::detail::rng r(11);
+    const auto a = text(r, 50000), b = text(r, 50000), c = text(r, 50000);
+    const auto ga = sluice_test::gzip(a), gb = sluice_test::gzip(b), gc = sluice_test::gzip(c);
+    std::string gz = ga + gb + gc;
+    const std::size_t hit = ga.size() + gb.size() / 2;
+    gz[hit] ^= 0x55;
+    auto e = gunzip(cut(gz, {4096}, "broken.gz"));
+    REQUIRE(e.error.starts_with("sluice: broken gzip stream ("));
+    REQUIRE(e.error.find("in the member starting at byte " + std::to_string(ga.size()) + " of 'broken.gz' at byte ") != std::string::npos);
+    REQUIRE(e.data.substr(0, a.size()) == a);  // the first member came through
+    auto s = gunzip(cut(gz, {4096}, "broken.gz"), sluice::on_corrupt::skip);
+    REQUIRE(s.error.empty());
+    REQUIRE(s.skipped >= 1);
+    REQUIRE(s.data.starts_with(a));
+    REQUIRE(s.data.ends_with(c));  // nothing after the broken member is lost
+
+    const std::string whole = ga + gb;
+    auto t = gunzip(cut(whole.substr(0, whole.size() - 10), {1000}, "cut.gz"));
+    REQUIRE(t.error == "sluice: truncated gzip stream (the shard ends inside the member starting at byte " +
+                           std::to_string(ga.size()) + ") in 'cut.gz' at byte " + std::to_string(whole.size() - 10));
+    auto ts = gunzip(cut(whole.substr(0, whole.size() - 10), {1000}, "cut.gz"), sluice::on_corrupt::skip);
+    REQUIRE(ts.skipped == 1);
+    REQUIRE(ts.data.starts_with(a));
+    REQUIRE(ts.chunks.back().last);
+}
+
+TEST_CASE("lines inflate gzip'd shards; raw gives bytes as stored", "[gzip][lines]") {
+    const std::string body = "one\ntwo\nthree\n";
+    std::vector<std::string> got;
+    for (auto& rec : sluice::pipeline(sluice::from(cut(sluice_test::gzip(body), {3}, "t.jsonl.gz")) | sluice::lines()))
+        got.push_back(sluice_test::bytes_str(rec.data));
+    REQUIRE(got == std::vector<std::string>{"one", "two", "three"});
+    for (auto& rec : sluice::pipeline(sluice::from(cut(sluice_test::gzip(body), {3}, "t.gz")) | sluice::raw()))
+        REQUIRE(sluice_test::bytes_str(rec.data) == sluice_test::gzip(body));
+    for (auto& rec : sluice::pipeline(sluice::from(cut(sluice_test::gzip(body), {3}, "t.gz")) | sluice::gunzip() | sluice::raw()))
+        REQUIRE(sluice_test::bytes_str(rec.data) == body);
+}

@@ -1,0 +1,244 @@
+#include <sluice/formats/tar.hpp>
+
+#include "support/decode_support.hpp"
+#include "support/test_support.hpp"
+
+#include <sluice/core/pipeline.hpp>
+#include <sluice/formats/writers.hpp>
+#include <sluice/ops/from.hpp>
+
+#include <zlib.h>
+
+#include <fstream>
+#include <sstream>
+
+using sluice_test::cut;
+using P = sluice::detail::tar_parser;
+
+namespace {
+// Archives written by Python's tarfile in its three formats, with what each regular file
+// holds ("name<TAB>size<TAB>crc32" per line, in archive order).
+const char* make_archives = R"PY(
+import io, os, random, sys, tarfile, zlib
+out = sys.argv[1]
+rnd = random.Random(int(sys.argv[2]))
+def blob(n): return bytes(rnd.getrandbits(8) for _ in range(n))
+long_dir = "d" * 60 + "/" + "e" * 80            # 141 bytes: ustar splits it into prefix + name
+very_long = "v" * 150 + "/" + "w" * 150 + ".bin"  # 305 bytes: GNU long name or pax path
+for fmt, tag, names in [(tarfile.USTAR_FORMAT, "ustar", [long_dir + ".txt"]),
+                        (tarfile.GNU_FORMAT, "gnu", [long_dir + ".txt", very_long]),
+                        (tarfile.PAX_FORMAT, "pax", [long_dir + ".txt", very_long])]:
+    manifest = []
+    for mode, suffix in [("w", ".tar"), ("w:gz", ".tar.gz")]:
+        rnd.seed(int(sys.argv[2]))
+        with tarfile.open(os.path.join(out, tag + suffix), mode, format=fmt, encoding="utf-8") as t:
+            def add(name, data):
+                info = tarfile.TarInfo(name); info.size = len(data); info.mtime = 1700000000
+                t.addfile(info, io.BytesIO(data))
+                if suffix == ".tar": manifest.append("%s\t%d\t%d" % (name, len(data), zlib.crc32(data)))
+            d = tarfile.TarInfo("train"); d.type = tarfile.DIRTYPE; t.addfile(d)
+            for i in range(20):
+                add("train/%06d.jpg" % i, blob(rnd.randrange(0, 5000)))
+                add("train/%06d.cls" % i, str(i % 10).encode())
+            add("données/été.txt", "non-ASCII: é, ü, 日本".encode())
+            for n in names: add(n, blob(777))
+            s = tarfile.TarInfo("link"); s.type = tarfile.SYMTYPE; s.linkname = "x" * (50 if fmt == tarfile.USTAR_FORMAT else 120); t.addfile(s)
+            h = tarfile.TarInfo("hard"); h.type = tarfile.LNKTYPE; h.linkname = "train/000001.jpg"; t.addfile(h)
+            f = tarfile.TarInfo("fifo"); f.type = tarfile.FIFOTYPE; t.addfile(f)
+            add("empty.txt", b"")
+            add("big.bin", blob(300000))
+    with open(os.path.join(out, tag + ".manifest"), "w", encoding="utf-8") as m:
+        m.write("\n".join(manifest) + "\n")
+)PY";
+
+struct member {
+    std::string name;
+    std::size_t size;
+    unsigned long crc;
+    bool operator==(const member&) const = default;
+};
+std::ostream& operator<<(std::ostream& os, const member& m) { return os << m.name << " (" << m.size << ")"; }
+
+std::vector<member> manifest(const std::string& path) {
+    std::ifstream f(path);
+    std::vector<member> v;
+    std::string line;
+    while (std::getline(f, line)) {
+        if (line.empty()) continue;
+        std::istringstream is(line);
+        member m;
+        std::getline(is, m.name, '\t');
+        is >> m.size >> m.crc;
+        v.push_back(m);
+    }
+    return v;
+}
+std::vector<member> members(const std::vector<sluice::record>& rs) {
+    std::vector<member> v;
+    for (auto& r : rs)
+        v.push_back({r.name, r.data.size(), crc32_z(0, reinterpret_cast<const Bytef*>(r.data.data()), r.data.size())});
+    return v;
+}
+std::string slurp(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+}
+struct archives {
+    sluice_test::temp_dir dir;
+    archives() {
+        auto r = sluice_test::run({"/usr/bin/env", "python3", "-c", make_archives, dir.path().string(),
+                                   std::to_string(sluice_test::test_seed())});
+        INFO(r.err);
+        REQUIRE(r.status == 0);
+    }
+};
+}  // namespace
+
+TEST_CASE("tar: archives written by Python's tarfile (USTAR, GNU, PAX) at every chunk size", "[tar][streaming]") {
+    archives a;
+    const auto seed = sluice_test::test_seed();
+    INFO("seed " << seed);
+    sluice::detail::rng r(seed);
+    for (std::string fmt : {"ustar", "gnu", "pax"}) {
+        INFO("format " << fmt);
+        const auto want = manifest(a.dir / (fmt + ".manifest"));
+        REQUIRE(want.size() == 44 + (fmt == "ustar" ? 0 : 1));
+        const std::string file = slurp(a.dir / (fmt + ".tar"));
+        for (int t = 0; t < 6; ++t) {
+            auto p = sluice_test::parse_chunks<P, sluice::record>(cut(file, sluice_test::random_sizes(r, 1u << 20)));
+            REQUIRE(p.error.empty());
+            REQUIRE(members(p.out) == want);
+            REQUIRE(p.slices_of_chunks);
+        }
+        auto bytewise = sluice_test::parse_chunks<P, sluice::record>(cut(file, {1}));
+        REQUIRE(members(bytewise.out) == want);
+        // The same archive gzip'd by Python, through the inflater.
+        auto gz = sluice_test::parse_chunks<P, sluice::record>(cut(slurp(a.dir / (fmt + ".tar.gz")), {1000}, "a.tar.gz"),
+                                                               {.gunzip = true});
+        REQUIRE(gz.error.empty());
+        REQUIRE(members(gz.out) == want);
+    }
+}
+
+TEST_CASE("webdataset: files grouped into samples by key, one field per extension", "[tar][webdataset]") {
+    archives a;
+    std::vector<sluice::sample> got;
+    sluice::pipeline p(sluice::from(cut(slurp(a.dir / "pax.tar"), {4096}, "pax.tar")) | sluice::webdataset());
+    for (auto& s : p) got.push_back(std::move(s));
+    // 20 jpg+cls samples, then données/été (txt), the long names, empty, big.
+    REQUIRE(got.size() >= 22);
+    for (std::size_t i = 0; i < 20; ++i) {
+        char key[32];
+        std::snprintf(key, sizeof key, "train/%06zu", i);
+        REQUIRE(got[i].key == key);
+        REQUIRE(got[i].fields.size() == 2);
+        REQUIRE(got[i].fields[0].name == "jpg");
+        REQUIRE(sluice_test::bytes_str(got[i].at("cls")) == std::to_string(i % 10));
+        REQUIRE(got[i].index == i);
+    }
+    REQUIRE(got[20].key == "données/été");
+    REQUIRE(sluice_test::bytes_str(got[20].at("txt")) == "non-ASCII: é, ü, 日本");
+    REQUIRE_THROWS_WITH(got[0].at("png"), "sluice: sample 'train/000000' of 'pax.tar' has no field 'png' (it has: jpg, cls)");
+}
+
+TEST_CASE("webdataset: keys, extensions, ignored and repeated files", "[tar][webdataset]") {
+    std::string key, ext;
+    REQUIRE(sluice::detail::webdataset_key("a/b.c/000.seg.PNG", key, ext));
+    REQUIRE(key == "a/b.c/000");
+    REQUIRE(ext == "seg.png");
+    REQUIRE_FALSE(sluice::detail::webdataset_key("dir/README", key, ext));
+    REQUIRE_FALSE(sluice::detail::webdataset_key("dir/.hidden", key, ext));
+
+    std::string t;
+    sluice::append_tar_file(t, "s1.jpg", "J1");
+    sluice::append_tar_file(t, "s1.json", "{}");
+    sluice::append_tar_file(t, "README", "ignored");
+    sluice::append_tar_file(t, "s2.jpg", "J2");
+    sluice::append_tar_file(t, "s2.jpg", "again");
+    sluice::append_tar_file(t, "s3.jpg", "J3");
+    sluice::end_tar(t);
+    using W = sluice::detail::webdataset_parser;
+    auto e = sluice_test::parse_chunks<W, sluice::sample>(cut(t, {100}, "w.tar"));
+    REQUIRE(e.error == "sluice: duplicate file 's2.jpg' in WebDataset sample 's2' in 'w.tar' at byte 4608");
+    REQUIRE(e.out.size() == 1);  // s1, complete before the error
+    auto s = sluice_test::parse_chunks<W, sluice::sample>(cut(t, {100}), {.corrupt = sluice::on_corrupt::skip});
+    REQUIRE(s.skipped == 1);
+    REQUIRE(s.out.size() == 3);
+    REQUIRE(s.out[1].fields.size() == 1);
+    REQUIRE(sluice_test::bytes_str(s.out[1].at("jpg")) == "J2");
+    REQUIRE(s.out[2].key == "s3");
+}
+
+TEST_CASE("tar: bad header checksums, garbage, truncation, data after the end", "[tar][corrupt]") {
+    std::string t;
+    std::vector<std::size_t> at;
+    for (int i = 0; i < 10; ++i) {
+        at.push_back(t.size());
+        sluice::append_tar_file(t, "f" + std::to_string(i) + ".txt", std::string(static_cast<std::size_t>(100 * i), 'a' + char(i)));
+    }
+    const std::size_t end = t.size();
+    sluice::end_tar(t);
+    {
+        std::string bad = t;
+        bad[at[4] + 3] ^= 1;  // the name of member 4: the checksum no longer holds
+        auto e = sluice_test::parse_chunks<P, sluice::record>(cut(bad, {333}, "b.tar"));
+        REQUIRE(e.error == "sluice: bad tar header checksum in 'b.tar' at byte " + std::to_string(at[4]));
+        REQUIRE(e.out.size() == 4);
+        auto s = sluice_test::parse_chunks<P, sluice::record>(cut(bad, {333}), {.corrupt = sluice::on_corrupt::skip});
+        REQUIRE(s.error.empty());
+        REQUIRE(s.skipped == 1);
+        REQUIRE(s.out.size() == 9);
+        REQUIRE(s.out[4].name == "f5.txt");
+    }
+    {
+        std::string bad = t;
+        bad[at[2] + 124] = 'x';  // size field
+        for (int i = 148; i < 156; ++i) bad[at[2] + static_cast<std::size_t>(i)] = ' ';
+        unsigned sum = 0;
+        for (int i = 0; i < 512; ++i) sum += static_cast<unsigned char>(bad[at[2] + static_cast<std::size_t>(i)]);
+        std::snprintf(&bad[at[2] + 148], 8, "%06o", sum);
+        auto e = sluice_test::parse_chunks<P, sluice::record>(cut(bad, {512}, "s.tar"));
+        REQUIRE(e.error == "sluice: bad tar header (size field) in 's.tar' at byte " + std::to_string(at[2]));
+    }
+    for (std::size_t keep : {at[9] + 100, at[9] + 512, at[9] + 600}) {
+        INFO("kept " << keep);
+        auto e = sluice_test::parse_chunks<P, sluice::record>(cut(t.substr(0, keep), {100}, "t.tar"));
+        REQUIRE(e.error.starts_with("sluice: truncated tar archive"));
+        REQUIRE(e.error.ends_with("in 't.tar' at byte " + std::to_string(at[9])));
+        REQUIRE(e.out.size() == 9);
+    }
+    {
+        // Cut at a member boundary without the end marker: every member is whole.
+        auto p = sluice_test::parse_chunks<P, sluice::record>(cut(t.substr(0, end), {100}));
+        REQUIRE(p.error.empty());
+        REQUIRE(p.out.size() == 10);
+    }
+    {
+        std::string after = t;
+        sluice::append_tar_file(after, "late.txt", "late");
+        auto e = sluice_test::parse_chunks<P, sluice::record>(cut(after, {1000}, "a.tar"));
+        REQUIRE(e.error == "sluice: tar member after the end-of-archive marker in 'a.tar' at byte " + std::to_string(end + 1024));
+        auto s = sluice_test::parse_chunks<P, sluice::record>(cut(after, {1000}), {.corrupt = sluice::on_corrupt::skip});
+        REQUIRE(s.out.size() == 11);  // nothing lost
+        REQUIRE(s.skipped == 1);
+    }
+    std::string garbage(4096, '\0');
+    sluice::detail::rng r(3);
+    for (auto& c : garbage) c = static_cast<char>(r.next());
+    auto g = sluice_test::parse_chunks<P, sluice::record>(cut(garbage, {1000}, "g.tar"));
+    REQUIRE(g.error == "sluice: bad tar header checksum in 'g.tar' at byte 0");
+}
+
+TEST_CASE("tar stage: gzip'd archives by name and by magic, in a pipeline", "[tar][gzip]") {
+    std::string t;
+    sluice::append_tar_file(t, "x/a.txt", "alpha");
+    sluice::append_tar_file(t, std::string(150, 'n') + ".txt", "long");
+    sluice::end_tar(t);
+    auto chunks = cut(sluice_test::gzip(t), {10}, "one.tgz");  // by magic
+    for (auto& c : cut(t, {10}, "two.tar")) chunks.push_back(std::move(c));
+    std::vector<std::string> got;
+    for (auto& r : sluice::pipeline(sluice::from(std::move(chunks)) | sluice::tar()))
+        got.push_back(r.name + "=" + sluice_test::bytes_str(r.data));
+    const std::string n150 = std::string(150, 'n') + ".txt=long";
+    REQUIRE(got == std::vector<std::string>{"x/a.txt=alpha", n150, "x/a.txt=alpha", n150});
+}

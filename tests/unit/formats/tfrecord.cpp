@@ -1,0 +1,173 @@
+#include <sluice/formats/tfrecord.hpp>
+
+#include "support/decode_support.hpp"
+#include "support/test_support.hpp"
+
+#include <sluice/core/pipeline.hpp>
+#include <sluice/formats/writers.hpp>
+#include <sluice/ops/from.hpp>
+
+using sluice_test::cut;
+using P = sluice::detail::tfrecord_parser;
+
+namespace {
+std::vector<std::string> records(sluice::detail::rng& r, int n, std::size_t max) {
+    std::vector<std::string> v;
+    for (int i = 0; i < n; ++i) {
+        std::string s(r.below(max + 1), '\0');
+        for (auto& c : s) c = static_cast<char>(r.next());
+        v.push_back(std::move(s));
+    }
+    return v;
+}
+std::string file_of(const std::vector<std::string>& rs) {
+    std::string f;
+    for (auto& s : rs) sluice::append_tfrecord(f, s);
+    return f;
+}
+std::vector<std::string> strings(const std::vector<sluice::record>& rs) {
+    std::vector<std::string> v;
+    for (auto& r : rs) v.push_back(sluice_test::bytes_str(r.data));
+    return v;
+}
+// Offset of record i in a file of `rs`.
+std::uint64_t offset_of(const std::vector<std::string>& rs, std::size_t i) {
+    std::uint64_t o = 0;
+    for (std::size_t k = 0; k < i; ++k) o += 16 + rs[k].size();
+    return o;
+}
+}  // namespace
+
+TEST_CASE("tfrecord: records, offsets and indices; the same at every chunk size", "[tfrecord][streaming]") {
+    const auto seed = sluice_test::test_seed();
+    INFO("seed " << seed);
+    sluice::detail::rng r(seed);
+    // 8 MiB of records from empty to 300 KiB, cut from 1 byte up to 4 MiB.
+    std::vector<std::string> want = records(r, 40, 300 << 10);
+    for (auto& s : records(r, 200, 64)) want.push_back(s);
+    const std::string file = file_of(want);
+    for (int t = 0; t < 12; ++t) {
+        const auto sizes = sluice_test::random_sizes(r, 4u << 20);
+        auto p = sluice_test::parse_chunks<P, sluice::record>(cut(file, sizes), {.data_at = 12});
+        REQUIRE(p.error.empty());
+        REQUIRE(strings(p.out) == want);
+        REQUIRE(p.slices_of_chunks);
+        for (std::size_t i = 0; i < p.out.size(); ++i) {
+            REQUIRE(p.out[i].index == i);
+            REQUIRE(p.out[i].offset == offset_of(want, i));
+        }
+    }
+    // One byte at a time, on a smaller file.
+    std::vector<std::string> small(want.end() - 100, want.end());
+    auto p = sluice_test::parse_chunks<P, sluice::record>(cut(file_of(small), {1}));
+    REQUIRE(p.error.empty());
+    REQUIRE(strings(p.out) == small);
+}
+
+TEST_CASE("tfrecord: records inside one chunk are slices of it", "[tfrecord]") {
+    const std::vector<std::string> want = {"alpha", "beta", "", "gamma"};
+    auto chunks = cut(file_of(want), {1 << 20});
+    const std::byte* base = chunks[0].data.data();
+    auto p = sluice_test::parse_chunks<P, sluice::record>(std::move(chunks));
+    REQUIRE(strings(p.out) == want);
+    REQUIRE(p.out[0].data.data() == base + 12);
+    REQUIRE(p.out[1].data.data() == base + 16 + 5 + 12);
+}
+
+TEST_CASE("tfrecord: a bad data checksum is an error naming shard and offset, or skipped", "[tfrecord][corrupt]") {
+    const std::vector<std::string> want = {"one", "two", "three", "four"};
+    std::string file = file_of(want);
+    const auto at = offset_of(want, 2);
+    file[at + 12 + 1] ^= 0x20;  // "three" -> "tHree"
+    auto e = sluice_test::parse_chunks<P, sluice::record>(cut(file, {7}, "d/x.tfrecord"));
+    REQUIRE(e.error == "sluice: bad TFRecord data checksum (record 2) in 'd/x.tfrecord' at byte " + std::to_string(at));
+    REQUIRE(strings(e.out) == std::vector<std::string>{"one", "two"});  // what came before is kept
+
+    auto s = sluice_test::parse_chunks<P, sluice::record>(cut(file, {7}), {.corrupt = sluice::on_corrupt::skip});
+    REQUIRE(s.error.empty());
+    REQUIRE(s.skipped == 1);
+    REQUIRE(strings(s.out) == std::vector<std::string>{"one", "two", "four"});
+    REQUIRE(s.out[2].index == 3);
+
+    auto unchecked = sluice_test::parse_chunks<P, sluice::record>(cut(file, {7}), {.verify = false});
+    REQUIRE(unchecked.error.empty());
+    REQUIRE(strings(unchecked.out) == std::vector<std::string>{"one", "two", "tHree", "four"});
+}
+
+TEST_CASE("tfrecord: a bad length checksum is an error; skipping finds the next record", "[tfrecord][corrupt]") {
+    std::vector<std::string> want;
+    for (int i = 0; i < 50; ++i) want.push_back("record " + std::to_string(i) + std::string(static_cast<std::size_t>(i * 37), 'x'));
+    std::string file = file_of(want);
+    const auto at = offset_of(want, 10);
+    file[at + 2] ^= 1;  // the length field of record 10
+    auto e = sluice_test::parse_chunks<P, sluice::record>(cut(file, {4096}, "x.tfrecord"));
+    REQUIRE(e.error == "sluice: bad TFRecord length checksum in 'x.tfrecord' at byte " + std::to_string(at));
+    REQUIRE(e.out.size() == 10);
+    for (std::size_t size : {1ul, 13ul, 4096ul}) {
+        auto s = sluice_test::parse_chunks<P, sluice::record>(cut(file, {size}), {.corrupt = sluice::on_corrupt::skip});
+        INFO("chunk size " << size);
+        REQUIRE(s.error.empty());
+        REQUIRE(s.skipped == 1);
+        auto expect = want;
+        expect.erase(expect.begin() + 10);
+        REQUIRE(strings(s.out) == expect);
+    }
+}
+
+TEST_CASE("tfrecord: truncated files and garbage", "[tfrecord][corrupt]") {
+    const std::vector<std::string> want = {"first", "second record", "third"};
+    const std::string file = file_of(want);
+    const auto at = offset_of(want, 2);
+    for (std::size_t keep : {at + 3, at + 12, at + 14, file.size() - 1}) {
+        INFO("kept " << keep << " bytes");
+        auto e = sluice_test::parse_chunks<P, sluice::record>(cut(file.substr(0, keep), {5}, "t.tfrecord"));
+        REQUIRE(e.error == "sluice: truncated TFRecord (the shard ends inside a record) in 't.tfrecord' at byte " +
+                               std::to_string(at));
+        REQUIRE(strings(e.out) == std::vector<std::string>{"first", "second record"});
+        auto s = sluice_test::parse_chunks<P, sluice::record>(cut(file.substr(0, keep), {5}),
+                                                              {.corrupt = sluice::on_corrupt::skip});
+        REQUIRE(s.skipped == 1);
+        REQUIRE(s.out.size() == 2);
+    }
+    std::string garbage(5000, '\0');
+    sluice::detail::rng r(7);
+    for (auto& c : garbage) c = static_cast<char>(r.next());
+    auto g = sluice_test::parse_chunks<P, sluice::record>(cut(garbage, {100}, "g"));
+    REQUIRE(g.error == "sluice: bad TFRecord length checksum in 'g' at byte 0");
+    auto gs = sluice_test::parse_chunks<P, sluice::record>(cut(garbage, {100}), {.corrupt = sluice::on_corrupt::skip});
+    REQUIRE(gs.error.empty());
+    REQUIRE(gs.skipped == 1);
+    REQUIRE(gs.out.empty());
+    // A length over the limit, with checksums off, is refused rather than allocated.
+    std::string huge;
+    sluice::detail::put_le(huge, std::uint64_t{1} << 40, 8);
+    huge += std::string(100, 'z');
+    auto h = sluice_test::parse_chunks<P, sluice::record>(cut(huge, {50}, "h"), {.verify = false, .max_record_bytes = 1 << 20});
+    REQUIRE(h.error == "sluice: TFRecord length 1099511627776 over the limit of 1048576 bytes in 'h' at byte 0");
+}
+
+TEST_CASE("tfrecord stage: gzip'd shards inflate on their own; skip counts in the stage's stats", "[tfrecord][gzip]") {
+    const std::vector<std::string> want = {"a", "bb", "ccc", "dddd"};
+    std::string bad = file_of(want);
+    bad[offset_of(want, 1) + 12] ^= 1;
+    auto chunks = cut(sluice_test::gzip(file_of(want)), {3}, "x.tfrecord.gz");
+    for (auto& c : cut(bad, {1000}, "y.tfrecord")) chunks.push_back(std::move(c));
+    std::vector<std::string> got;
+    sluice::pipeline p(sluice::from(std::move(chunks)) | sluice::tfrecord({.on_corrupt = sluice::on_corrupt::skip}));
+    for (auto& r : p) got.push_back(sluice_test::bytes_str(r.data));
+    REQUIRE(got == std::vector<std::string>{"a", "bb", "ccc", "dddd", "a", "ccc", "dddd"});
+    const auto f = p.figures();
+    bool counted = false;
+    for (auto& st : f.stages)
+        for (auto& [name, v] : st.counters)
+            if (st.name == "tfrecord" && name == "corrupt") counted = v == 1;
+    REQUIRE(counted);
+}
+
+TEST_CASE("tfrecord stage: an error reaches the consumer after the records before it", "[tfrecord][corrupt]") {
+    std::string file = file_of({"good", "bad!"});
+    file[16 + 4 + 12] ^= 1;
+    sluice::pipeline p(sluice::from(cut(file, {1 << 20}, "z.tfrecord")) | sluice::tfrecord());
+    REQUIRE(p.next_blocking());
+    REQUIRE_THROWS_WITH(p.next_blocking(), "sluice: bad TFRecord data checksum (record 1) in 'z.tfrecord' at byte 20");
+}
