@@ -3,14 +3,19 @@
 // "crc_sum"} where crc_sum is the sum of zlib crc32 over every record (as sluice-probe
 // computes it).
 //
-//   sluice-gen DIR [--files N] [--records R] [--record-size B] [--vary] [--format lines|raw]
-//                  [--seed S]
+//   sluice-gen DIR [--files N] [--records R] [--record-size B] [--vary]
+//                  [--format lines|raw|tar|tfrecord|recordio] [--gzip] [--seed S]
 //
-// lines: each file holds R lines of B letters (with --vary, lengths vary from 0 to 2B);
-// raw:   each file is one record of R*B random bytes.
-// Files are named shard-000000.txt, shard-000001.txt... (or .bin for raw).
+// lines:    each file holds R lines of B letters (with --vary, lengths vary from 0 to 2B);
+// raw:      each file is one record of R*B random bytes;
+// tar:      R files of B letters each (000000.bin, 000001.bin...: one WebDataset sample
+//           each), in a tar archive;
+// tfrecord, recordio: R records of B letters each.
+// Files are named shard-000000.txt, .bin, .tar, .tfrecord or .rec; --gzip compresses
+// each (zlib level 6, as gzip(1)) and adds .gz.
 
 #include <sluice/core/detail/random.hpp>
+#include <sluice/formats/writers.hpp>
 
 #include <zlib.h>
 
@@ -25,7 +30,7 @@
 int main(int argc, char** argv) {
     std::string dir, format = "lines";
     std::uint64_t files = 8, records = 1000, record_size = 100, seed = 1;
-    bool vary = false;
+    bool vary = false, gzip = false;
     for (int i = 1; i < argc; ++i) {
         std::string_view a = argv[i];
         auto num = [&]() {
@@ -47,53 +52,72 @@ int main(int argc, char** argv) {
         else if (a == "--record-size") record_size = num();
         else if (a == "--seed") seed = num();
         else if (a == "--vary") vary = true;
+        else if (a == "--gzip") gzip = true;
         else if (a == "--format" && i + 1 < argc) format = argv[++i];
         else if (!a.empty() && a[0] != '-' && dir.empty()) dir = a;
         else {
             std::cerr << "usage: sluice-gen DIR [--files N] [--records R] [--record-size B] [--vary] "
-                         "[--format lines|raw] [--seed S]\n";
+                         "[--format lines|raw|tar|tfrecord|recordio] [--gzip] [--seed S]\n";
             return 2;
         }
     }
-    if (dir.empty() || (format != "lines" && format != "raw")) {
+    const std::string ext = format == "lines" ? "txt" : format == "raw" ? "bin" : format == "recordio" ? "rec" : format;
+    if (dir.empty() || (ext != "txt" && ext != "bin" && ext != "tar" && ext != "tfrecord" && ext != "rec")) {
         std::cerr << "usage: sluice-gen DIR [--files N] [--records R] [--record-size B] [--vary] "
-                     "[--format lines|raw] [--seed S]\n";
+                     "[--format lines|raw|tar|tfrecord|recordio] [--gzip] [--seed S]\n";
         return 2;
     }
     std::filesystem::create_directories(dir);
     sluice::detail::rng r(seed);
     std::uint64_t n_records = 0, payload = 0, crc_sum = 0;
-    std::string rec;
+    std::string rec, shard;
     for (std::uint64_t f = 0; f < files; ++f) {
         char name[64];
-        std::snprintf(name, sizeof name, "shard-%06llu.%s", static_cast<unsigned long long>(f),
-                      format == "lines" ? "txt" : "bin");
-        const auto path = std::filesystem::path(dir) / name;
-        std::FILE* out = std::fopen(path.c_str(), "wb");
-        if (!out) {
-            std::perror(path.c_str());
-            return 1;
-        }
-        if (format == "lines") {
+        std::snprintf(name, sizeof name, "shard-%06llu.%s%s", static_cast<unsigned long long>(f), ext.c_str(),
+                      gzip ? ".gz" : "");
+        const auto path = (std::filesystem::path(dir) / name).string();
+        shard.clear();
+        if (format == "raw") {
+            rec.resize(records * record_size);
+            for (auto& c : rec) c = static_cast<char>(r.next());
+            shard = rec;
+            crc_sum += crc32_z(0L, reinterpret_cast<const Bytef*>(rec.data()), rec.size());
+            payload += rec.size();
+            ++n_records;
+        } else {
             for (std::uint64_t k = 0; k < records; ++k) {
                 const auto len = vary ? r.below(2 * record_size + 1) : record_size;
                 rec.resize(len);
                 for (auto& c : rec) c = static_cast<char>('a' + r.below(26));
                 crc_sum += crc32_z(0L, reinterpret_cast<const Bytef*>(rec.data()), rec.size());
                 payload += rec.size();
-                rec.push_back('\n');
-                std::fwrite(rec.data(), 1, rec.size(), out);
+                if (format == "lines") {
+                    shard += rec;
+                    shard += '\n';
+                } else if (format == "tar") {
+                    char member[32];
+                    std::snprintf(member, sizeof member, "%06llu.bin", static_cast<unsigned long long>(k));
+                    sluice::append_tar_file(shard, member, rec);
+                } else if (format == "tfrecord") {
+                    sluice::append_tfrecord(shard, rec);
+                } else {
+                    sluice::append_recordio(shard, rec);
+                }
             }
+            if (format == "tar") sluice::end_tar(shard);
             n_records += records;
-        } else {
-            rec.resize(records * record_size);
-            for (auto& c : rec) c = static_cast<char>(r.next());
-            std::fwrite(rec.data(), 1, rec.size(), out);
-            crc_sum += crc32_z(0L, reinterpret_cast<const Bytef*>(rec.data()), rec.size());
-            payload += rec.size();
-            ++n_records;
         }
-        if (std::fclose(out) != 0) {
+        bool ok;
+        if (gzip) {
+            gzFile out = gzopen(path.c_str(), "wb6");
+            ok = out && gzwrite(out, shard.data(), static_cast<unsigned>(shard.size())) == static_cast<int>(shard.size());
+            ok = out && gzclose(out) == Z_OK && ok;
+        } else {
+            std::FILE* out = std::fopen(path.c_str(), "wb");
+            ok = out && std::fwrite(shard.data(), 1, shard.size(), out) == shard.size();
+            ok = out && std::fclose(out) == 0 && ok;
+        }
+        if (!ok) {
             std::perror(path.c_str());
             return 1;
         }

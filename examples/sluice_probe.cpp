@@ -27,7 +27,12 @@ constexpr const char* usage_text = R"(usage: sluice-probe [options] SOURCE...
 SOURCE: a path, a glob (data/*.txt), a brace pattern (data/shard-{000..063}.txt) or a
 directory (all regular files below it).
 options:
-  --format raw|lines     one record per file, or per line (default lines)
+  --format F             raw: one record per file; lines: per line (default);
+                         tar: per regular file in tar archives; tfrecord; recordio.
+                         gzip'd shards (.gz or the gzip magic) are inflated, except
+                         for raw (bytes as stored)
+  --on-corrupt error|skip  corrupt records fail the run naming shard and byte offset
+                         (default), or are skipped and counted (corrupt_skipped)
   --batch N              records per batch (default 32)
   --drop-last            drop a last batch smaller than N
   --collate-threads C    CPU workers collating batches (default 1)
@@ -50,6 +55,7 @@ options:
 
 struct options {
     std::string format = "lines";
+    sluice::on_corrupt on_corrupt = sluice::on_corrupt::error;
     std::size_t batch = 32;
     bool drop_last = false;
     unsigned collate_threads = 1;
@@ -95,7 +101,14 @@ options parse(int argc, char** argv) {
             std::exit(0);
         } else if (a == "--format") {
             o.format = value();
-            if (o.format != "raw" && o.format != "lines") usage_error("unknown format '" + o.format + "'");
+            if (o.format != "raw" && o.format != "lines" && o.format != "tar" && o.format != "tfrecord" &&
+                o.format != "recordio")
+                usage_error("unknown format '" + o.format + "'");
+        } else if (a == "--on-corrupt") {
+            const std::string v(value());
+            if (v == "error") o.on_corrupt = sluice::on_corrupt::error;
+            else if (v == "skip") o.on_corrupt = sluice::on_corrupt::skip;
+            else usage_error("--on-corrupt takes error or skip, not '" + v + "'");
         } else if (a == "--batch") {
             o.batch = number<std::size_t>(a, value());
             if (o.batch == 0) usage_error("--batch must be at least 1");
@@ -157,7 +170,13 @@ int main(int argc, char** argv) {
     auto src = sluice::list(o.sources) |
                sluice::plan({.epochs = o.epochs, .seed = o.seed, .rank = o.rank, .world = o.world}) |
                sluice::read({.chunk_size = o.chunk_size, .map = o.map, .out = {16, o.channel_bytes}});
-    auto records = o.format == "raw" ? src | sluice::raw({64, o.channel_bytes}) : src | sluice::lines({1024, o.channel_bytes});
+    const sluice::decode_options decode{.on_corrupt = o.on_corrupt, .out = {1024, o.channel_bytes}};
+    auto records = o.format == "raw"        ? src | sluice::raw({64, o.channel_bytes})
+                   : o.format == "tar"      ? src | sluice::tar(decode)
+                   : o.format == "tfrecord" ? src | sluice::tfrecord(decode)
+                   : o.format == "recordio" ? src | sluice::recordio(decode)
+                                            : src | sluice::gunzip({.on_corrupt = o.on_corrupt}) |
+                                                  sluice::lines({1024, o.channel_bytes}, sluice::compression::none);
     if (o.shuffle > 0) records = records | sluice::shuffle({.buffer = o.shuffle, .seed = o.seed.value_or(0)});
     auto batches = records | sluice::batch({.size = o.batch, .drop_last = o.drop_last, .threads = o.collate_threads, .out = {4, o.channel_bytes}});
     // What the configuration bounds: the three channels' bytes. On top: the shuffle buffer
@@ -208,6 +227,11 @@ int main(int argc, char** argv) {
         w.key("seconds").value(f.seconds);
         w.key("records_per_s").value(double(n_records) / s);
         w.key("bytes_per_s").value(double(payload) / s);
+        std::uint64_t corrupt = 0;
+        for (auto& st : f.stages)
+            for (auto& [name, v] : st.counters)
+                if (name == "corrupt") corrupt += v;
+        w.key("corrupt_skipped").value(corrupt);
         w.key("peak_rss_bytes").value(peak_rss_bytes());
         w.key("budget_bytes").value(budget_bytes);
         w.key("bottleneck").value(f.bottleneck());

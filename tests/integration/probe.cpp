@@ -1,6 +1,8 @@
 // sluice-probe, sluice-gen and the examples, run as a user runs them.
 #include "support/test_support.hpp"
 
+#include <fstream>
+
 using sluice_test::json_u64;
 using sluice_test::run;
 
@@ -126,4 +128,46 @@ TEST_CASE("the custom-stage example composes the user's stage on the CPU pool", 
     REQUIRE(r.status == 0);
     // Every byte sluice-gen writes in a line is a letter.
     REQUIRE(r.out == "batches 10 letters " + std::to_string(json_u64(d.summary, "payload_bytes")) + "\n");
+}
+
+TEST_CASE("sluice-probe reads tar, TFRecord and RecordIO shards, plain and gzip'd, with every record once", "[probe][formats]") {
+    for (std::string fmt : {"tar", "tfrecord", "recordio", "lines"}) {
+        for (bool gz : {false, true}) {
+            INFO("format " << fmt << (gz ? " gzip'd" : ""));
+            std::vector<std::string> gen{"--files", "5", "--records", "300", "--record-size", "700", "--vary",
+                                         "--format", fmt, "--seed", "5"};
+            if (gz) gen.push_back("--gzip");
+            dataset d(gen);
+            const std::string ext = fmt == "recordio" ? "rec" : fmt == "lines" ? "txt" : fmt;
+            auto r = probe({"--json", "--quiet", "--format", fmt, "--shuffle", "500", "--chunk-size", "10000",
+                            d.glob(ext + (gz ? ".gz" : ""))});
+            INFO(r.err << r.out);
+            REQUIRE(r.status == 0);
+            REQUIRE(json_u64(r.out, "records") == json_u64(d.summary, "records"));
+            REQUIRE(json_u64(r.out, "crc_sum") == json_u64(d.summary, "crc_sum"));
+            REQUIRE(json_u64(r.out, "corrupt_skipped") == 0);
+            if (gz) REQUIRE(r.out.find("\"name\":\"gunzip\"") != std::string::npos);
+        }
+    }
+}
+
+TEST_CASE("sluice-probe --on-corrupt: an error naming shard and offset, or skipped and counted", "[probe][formats][errors]") {
+    dataset d({"--files", "3", "--records", "100", "--record-size", "1000", "--format", "tfrecord", "--seed", "9"});
+    const std::string victim = d.dir / "shard-000001.tfrecord";
+    {
+        std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(5 * 1016 + 12 + 40);  // inside the data of record 5
+        f.put('!');
+    }
+    auto e = probe({"--json", "--quiet", "--format", "tfrecord", d.glob("tfrecord")});
+    INFO(e.err << e.out);
+    REQUIRE(e.status == 1);
+    REQUIRE(e.err.find("bad TFRecord data checksum (record 5) in '" + victim + "' at byte 5080") != std::string::npos);
+    auto s = probe({"--json", "--quiet", "--format", "tfrecord", "--on-corrupt", "skip", d.glob("tfrecord")});
+    INFO(s.err << s.out);
+    REQUIRE(s.status == 0);
+    REQUIRE(json_u64(s.out, "records") == 299);
+    REQUIRE(json_u64(s.out, "corrupt_skipped") == 1);
+    auto bad = probe({"--on-corrupt", "maybe", d.glob("tfrecord")});
+    REQUIRE(bad.status == 2);
 }
