@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # Runs each benchmark beside its peer, on the same data in the same run, and prints the
 # figures and ratios (one JSON object per line on stdout, a summary on stderr).
-#   bench/run.sh [channel|local|memory]...     (default: all)
-# Data goes to build-release/bench-data (about 2.1 GiB, made once).
+#   bench/run.sh [channel|crc32c|local|formats|memory]...     (default: all)
+# Data goes to build-release/bench-data (made once: 2.1 GiB of lines; for formats also
+# 2.1 GiB each of tar and TFRecord and a gzip'd copy of the TFRecord set).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
 build=build-release
 cmake --preset release >/dev/null
-cmake --build --preset release -j"$(nproc)" --target channel_hop sluice-probe sluice-gen >/dev/null
+cmake --build --preset release -j"$(nproc)" --target channel_hop crc32c_bench sluice-probe sluice-gen >/dev/null
 probe=$build/examples/sluice-probe
 field() { grep -o "\"$1\":[^,}]*" | head -1 | cut -d: -f2 | tr -d '"'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
 now() { date +%s.%N; }
 what=("$@")
-[ ${#what[@]} -eq 0 ] && what=(channel local memory)
+[ ${#what[@]} -eq 0 ] && what=(channel crc32c local formats memory)
 
 data=$build/bench-data
 make_data() {
@@ -22,6 +23,37 @@ make_data() {
   echo "generating $data: 64 files of 100 KiB lines, 2.06 GiB ..." >&2
   "$build/examples/sluice-gen" "$data/shards" --files 64 --records 330 --record-size 102400 --seed 5 > "$data/expected.json.tmp"
   mv "$data/expected.json.tmp" "$data/expected.json"
+}
+
+make_format() {  # format, extension, extra sluice-gen flags: the same records as make_data's
+  local fmt=$1 ext=$2; shift 2
+  [ -f "$data/$ext.json" ] && return
+  echo "generating $data/$ext: 64 files of 330 x 100 KiB $fmt records ..." >&2
+  "$build/examples/sluice-gen" "$data/$ext" --files 64 --records 330 --record-size 102400 --seed 5 --format "$fmt" "$@" > "$data/$ext.json.tmp"
+  mv "$data/$ext.json.tmp" "$data/$ext.json"
+}
+best_of_3() {  # command...: prints the best GB/s of three runs over $bytes bytes
+  local best=0 t0 t1 gbs
+  for i in 1 2 3; do
+    t0=$(now); "$@" > /dev/null; t1=$(now)
+    gbs=$(awk -v b="$bytes" -v a="$t0" -v c="$t1" 'BEGIN { printf "%.3f", b / (c - a) / 1e9 }')
+    best=$(awk -v x="$gbs" -v y="$best" 'BEGIN { print (x > y) ? x : y }')
+  done
+  echo "$best"
+}
+probe_best() {  # label, peer GB/s, expected.json, probe flags...: best of 3 probe runs, with the ratio
+  local label=$1 peer=$2 expected=$3; shift 3
+  local best=0 out="" o gbs
+  for i in 1 2 3; do
+    o=$("$probe" --json --quiet --batch 256 "$@")
+    [ "$(echo "$o" | field ok)" = true ] || { echo "$o" >&2; exit 1; }
+    gbs=$(echo "$o" | field bytes_per_s | awk '{ printf "%.3f", $1 / 1e9 }')
+    if awk -v x="$gbs" -v y="$best" 'BEGIN { exit !(x > y) }'; then best=$gbs; out=$o; fi
+  done
+  echo "$out"
+  [ "$(echo "$out" | field records)" = "$(field records < "$expected")" ] || { echo "$label: record count mismatch" >&2; exit 1; }
+  echo "{\"bench\":\"formats\",\"config\":\"$label\",\"bytes\":$bytes,\"sluice_gb_per_s\":$best,\"peer_gb_per_s\":$peer,\"ratio\":$(ratio "$best" "$peer"),\"peak_rss_bytes\":$(echo "$out" | field peak_rss_bytes),\"bottleneck\":\"$(echo "$out" | field bottleneck)\"}"
+  echo "$label: sluice $best GB/s, peer $peer GB/s, ratio $(ratio "$best" "$peer"), bottleneck $(echo "$out" | field bottleneck)" >&2
 }
 
 for w in "${what[@]}"; do
@@ -34,6 +66,33 @@ for w in "${what[@]}"; do
       echo "channel hop ($threads cpu thread(s)): $(echo "$out" | field hop_items_per_s) items/s per hop," \
            "$(echo "$out" | field ns_per_hop) ns per hop; plain loop $(echo "$out" | field plain_loop_items_per_s) items/s" >&2
     done
+    ;;
+  crc32c)
+    # Peer: zlib's crc32 on the same buffers. Goal: >= 8 GB/s.
+    out=$("$build/bench/crc32c")
+    echo "$out"
+    echo "crc32c: $(echo "$out" | field records_100k_gb_per_s) GB/s over 100 KiB records," \
+         "$(echo "$out" | field buffer_64m_gb_per_s) GB/s over 64 MiB; portable $(echo "$out" | field portable_100k_gb_per_s) GB/s;" \
+         "zlib crc32 $(echo "$out" | field zlib_crc32_100k_gb_per_s) GB/s" >&2
+    ;;
+  formats)
+    # Peers: cat of the same tar / TFRecord files; zcat of the gzip'd TFRecord files (both
+    # to /dev/null, warm cache). Goals: parse+shuffle+batch >= 0.8 x cat; gzip'd >= 0.9 x zcat.
+    make_format tar tar
+    make_format tfrecord tfrecord
+    make_format tfrecord tfrecord-gz --gzip
+    for fmt in tar tfrecord; do
+      files=("$data/$fmt"/shard-*)
+      bytes=$(cat "${files[@]}" | wc -c)
+      cat_gbs=$(best_of_3 cat "${files[@]}")
+      probe_best "$fmt shuffle+batch" "$cat_gbs" "$data/$fmt.json" --format "$fmt" --no-crc --shuffle 10000 --seed 1 "$data/$fmt/shard-*"
+      probe_best "$fmt batch" "$cat_gbs" "$data/$fmt.json" --format "$fmt" --no-crc "$data/$fmt/shard-*"
+    done
+    files=("$data/tfrecord-gz"/shard-*)
+    bytes=$(zcat "${files[@]}" | wc -c)  # ratios of uncompressed bytes per second
+    zcat_gbs=$(best_of_3 zcat "${files[@]}")
+    probe_best "tfrecord.gz batch" "$zcat_gbs" "$data/tfrecord-gz.json" --format tfrecord --no-crc "$data/tfrecord-gz/shard-*"
+    probe_best "tfrecord.gz shuffle+batch" "$zcat_gbs" "$data/tfrecord-gz.json" --format tfrecord --no-crc --shuffle 10000 --seed 1 "$data/tfrecord-gz/shard-*"
     ;;
   local)
     # Peer: cat of the same files to /dev/null, warm cache. Goal: sluice >= 0.8 x cat.
@@ -84,6 +143,6 @@ for w in "${what[@]}"; do
     echo "memory: dataset $(ratio "$payload" "$budget") x budgets ($((budget >> 20)) MiB); peak RSS $((rss >> 20)) MiB;" \
          "goal <= $(((budget >> 20) + 64)) MiB" >&2
     ;;
-  *) echo "unknown benchmark $w (channel, local, memory)" >&2; exit 2 ;;
+  *) echo "unknown benchmark $w (channel, crc32c, local, formats, memory)" >&2; exit 2 ;;
   esac
 done

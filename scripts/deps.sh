@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Installs the Debian packages sluice's build, tests and demo need, when missing.
 # Debian 12: g++ 12, CMake 3.25, Asio 1.22 (standalone), Catch2 2.13, zlib.
+#   scripts/deps.sh          what the build and the demo need
+#   scripts/deps.sh --test   and what the tests need: python3 (its tarfile writes the tar
+#                            test archives), clang and libFuzzer (the fuzz targets)
 set -euo pipefail
 packages=(g++ make cmake libasio-dev catch2 zlib1g-dev ccache)
+[ "${1:-}" = "--test" ] && packages+=(python3 clang libclang-rt-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

@@ -4,7 +4,7 @@
 # only those: scripts/test.sh default
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/deps.sh
+scripts/deps.sh --test
 presets=("$@")
 [ ${#presets[@]} -eq 0 ] && presets=(default asan tsan)
 jobs=$(nproc)

@@ -242,3 +242,35 @@ TEST_CASE("tar stage: gzip'd archives by name and by magic, in a pipeline", "[ta
     const std::string n150 = std::string(150, 'n') + ".txt=long";
     REQUIRE(got == std::vector<std::string>{"x/a.txt=alpha", n150, "x/a.txt=alpha", n150});
 }
+
+TEST_CASE("tar: pax size and path override the header; base-256 sizes", "[tar]") {
+    std::string t;
+    const std::string recs = "10 size=5\n" "17 path=pax/name\n";
+    sluice::detail::tar_header(t, "././@PaxHeader", recs.size(), 'x');
+    t += recs;
+    sluice::detail::tar_pad(t);
+    sluice::detail::tar_header(t, "short", 0, '0');  // the header says 0 bytes; pax says 5
+    t += "hello";
+    sluice::detail::tar_pad(t);
+    // A GNU base-256 size field: top bit set, big-endian value.
+    std::string b;
+    sluice::detail::tar_header(b, "b256.txt", 0, '0');
+    std::memset(&b[124], 0, 12);
+    b[124] = static_cast<char>(0x80);
+    b[135] = 3;
+    std::memset(&b[148], ' ', 8);
+    unsigned sum = 0;
+    for (unsigned char c : b) sum += c;
+    std::snprintf(&b[148], 8, "%06o", sum);
+    t += b + "abc";
+    sluice::detail::tar_pad(t);
+    sluice::end_tar(t);
+    auto p = sluice_test::parse_chunks<P, sluice::record>(cut(t, {100}));
+    REQUIRE(p.error.empty());
+    REQUIRE(members(p.out) == std::vector<member>{{"pax/name", 5, crc32_z(0, reinterpret_cast<const Bytef*>("hello"), 5)},
+                                                  {"b256.txt", 3, crc32_z(0, reinterpret_cast<const Bytef*>("abc"), 3)}});
+    std::string bad = t;
+    bad.replace(512, 2, "99");  // the pax record's length no longer fits
+    auto e = sluice_test::parse_chunks<P, sluice::record>(cut(bad, {100}, "p.tar"));
+    REQUIRE(e.error == "sluice: bad pax extended header in 'p.tar' at byte 0");
+}

@@ -31,9 +31,15 @@ struct recordio_parser : parser_base {
                 const std::byte* h = cur.peek(8);
                 if (!h) return;
                 const std::uint32_t magic = le32(h), lrec = le32(h + 4);
-                if (magic != recordio_magic) {
+                const bool too_long = (lrec & ((1u << 29) - 1)) > pol->max_record_bytes;
+                if (magic != recordio_magic || too_long) {
                     // Parts start at multiples of 4: look for the next magic word there.
-                    if (!resyncing) bad("bad RecordIO magic", cur.offset());
+                    if (!resyncing)
+                        bad(too_long && magic == recordio_magic
+                                ? "RecordIO part of " + std::to_string(lrec & ((1u << 29) - 1)) +
+                                      " bytes over the limit of " + std::to_string(pol->max_record_bytes)
+                                : std::string("bad RecordIO magic"),
+                            cur.offset());
                     resyncing = true;
                     drop_split();
                     cur.consume(4);

@@ -1,0 +1,9 @@
+// libFuzzer target: the tar parser (see fuzz_common.hpp).
+#include "fuzz_common.hpp"
+
+#include <sluice/formats/detail/tar_parser.hpp>
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+    return fuzz::check(data, size, fuzz::drive<sluice::detail::shard_parsers<sluice::detail::tar_parser, sluice::record>, sluice::record>(),
+                       fuzz::describe_record);
+}
