@@ -53,7 +53,8 @@ result outcome(std::vector<sluice::chunk> chunks, sluice::on_corrupt policy, Par
     std::atomic<std::uint64_t> skipped{0}, ignored{0};
     auto pol = std::make_shared<sluice::detail::parse_policy>();
     pol->corrupt = policy;
-    pol->max_record_bytes = 1u << 20;  // keep allocations within libFuzzer's limits
+    // The default max_record_bytes (1 GiB): a corrupt length must not allocate before the
+    // bytes arrive, and libFuzzer's -malloc_limit_mb catches one that does.
     pol->skipped = &skipped;
     pol->ignored = &ignored;
     result r;

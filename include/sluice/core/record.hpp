@@ -36,6 +36,9 @@ struct chunk {
     bool last = false;
     /// Set by gunzip(): offsets count bytes of the uncompressed stream, not of the shard.
     bool inflated = false;
+    /// Bytes before this chunk were lost: gunzip() skipped a broken stream under
+    /// on_corrupt::skip (and counted it). Parsers drop the record in progress.
+    bool gap = false;
     std::size_t byte_size() const noexcept { return data.size(); }
 };
 

@@ -62,6 +62,34 @@ task<void> decode_worker(stage_context<chunk, Out>& ctx, D d) {
     }
 }
 
+// Inflating: one output chunk at a time is sent before the next is made, so a chunk that
+// inflates a thousandfold never sits in memory whole.
+inline task<void> gunzip_worker(stage_context<chunk, chunk>& ctx, gunzip_decoder d) {
+    std::vector<chunk> outs;
+    while (auto c = co_await ctx.in.next()) {
+        std::exception_ptr failed;
+        bool more = true;
+        try {
+            d.start(std::move(*c), outs);
+        } catch (...) {
+            failed = std::current_exception();
+        }
+        for (;;) {
+            if (!failed && more) {
+                try {
+                    more = d.step(outs);
+                } catch (...) {
+                    failed = std::current_exception();
+                }
+            }
+            for (auto& o : outs) co_await ctx.out.send(std::move(o));
+            outs.clear();
+            if (failed) std::rethrow_exception(failed);
+            if (!more) break;
+        }
+    }
+}
+
 template <class Opt>
 std::shared_ptr<parse_policy> policy_for(const Opt& o, stage_stats& st, runtime& rt) {
     auto p = std::make_shared<parse_policy>();
@@ -86,14 +114,17 @@ stage<chunk, Out> decoder(std::string name, decode_options o, bool counts_ignore
 /// Backpressure: one partly filled chunk per shard in flight plus the output channel.
 /// Errors: a broken or truncated stream is a sluice::source_error naming the shard and
 /// the compressed byte offset; under on_corrupt::skip it is counted ("corrupt") and
-/// inflating resumes at the next member's header, if any (what the broken member's tail
-/// held is lost, and the parser after it sees a cut record, which its own policy handles).
+/// inflating resumes at the next member's header, if any: what the broken member's tail
+/// held is lost, and the first chunk after the loss is flagged `gap`, on which parsers
+/// drop the record in progress and start afresh (a tar or RecordIO stream is then read
+/// in step with the new member, so shards written as one member per record or file lose
+/// only what the broken member held).
 /// Cancellation: stops at the next send.
 /// Example: `sluice::read() | sluice::gunzip() | sluice::lines()`
 inline stage<chunk, chunk> gunzip(gzip_options o = {}) {
     return make_stage<chunk, chunk>(
         "gunzip", {.on = pool::cpu, .buffer = o.out}, [o](stage_context<chunk, chunk>& ctx) {
-            return detail::decode_worker(
+            return detail::gunzip_worker(
                 ctx, detail::gunzip_decoder(detail::policy_for(o, ctx.stats, ctx.rt), o.mode, o.chunk_size));
         });
 }

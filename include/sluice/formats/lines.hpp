@@ -23,6 +23,7 @@ class lines_decoder {
 public:
     void operator()(chunk&& c, std::vector<record>& out) {
         auto& st = states_[c.source.get()];
+        if (c.gap) st.carry.clear();  // bytes were lost upstream: the cut line is gone
         const char* base = reinterpret_cast<const char*>(c.data.data());
         const char* p = base;
         const char* end = base + c.data.size();

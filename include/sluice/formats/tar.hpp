@@ -29,7 +29,9 @@ inline stage<chunk, record> tar(decode_options o = {}) {
 /// per extension (lower-cased, e.g. "jpg", "seg.png"). Files without an extension are
 /// ignored and counted ("ignored"), as WebDataset does. A sample never spans two shards.
 /// Errors: those of tar(), and a key repeating an extension in one sample (under
-/// on_corrupt::skip: the repeat is dropped and counted).
+/// on_corrupt::skip: the repeat is dropped and counted). Under on_corrupt::error the
+/// samples completed before the corruption are delivered; the one still open (whose
+/// files may continue past the corrupt point) is not.
 /// Example:
 ///   for (auto& s : sluice::pipeline(sluice::list("shards/{000..099}.tar") | sluice::plan() |
 ///                                   sluice::read() | sluice::webdataset()))

@@ -120,6 +120,13 @@ TEST_CASE("recordio: bad magic, broken part sequences and truncation", "[recordi
         REQUIRE(e.out.size() == 19);
     }
     {
+        // Cut inside the last record's padding: the offset is its header's, not past the end.
+        std::string f;
+        sluice::append_recordio(f, "abcde");  // 5 bytes + 3 of padding
+        auto e = sluice_test::parse_chunks<P, sluice::record>(cut(f.substr(0, f.size() - 2), {3}, "p.rec"));
+        REQUIRE(e.error == "sluice: truncated RecordIO record (the shard ends inside a part) in 'p.rec' at byte 0");
+    }
+    {
         // The shard ends after a first part.
         std::string split;
         sluice::append_recordio(split, "abcd" + magic + "efgh");

@@ -171,3 +171,16 @@ TEST_CASE("tfrecord stage: an error reaches the consumer after the records befor
     REQUIRE(p.next_blocking());
     REQUIRE_THROWS_WITH(p.next_blocking(), "sluice: bad TFRecord data checksum (record 1) in 'z.tfrecord' at byte 20");
 }
+
+TEST_CASE("tfrecord: a sound length over the limit skips that record whole", "[tfrecord][corrupt]") {
+    const std::vector<std::string> want = {"small", std::string(5000, 'B'), "after"};
+    const std::string file = file_of(want);
+    auto e = sluice_test::parse_chunks<P, sluice::record>(cut(file, {300}, "l"), {.max_record_bytes = 1000});
+    REQUIRE(e.error == "sluice: TFRecord length 5000 over the limit of 1000 bytes in 'l' at byte 21");
+    auto s = sluice_test::parse_chunks<P, sluice::record>(cut(file, {300}),
+                                                          {.corrupt = sluice::on_corrupt::skip, .max_record_bytes = 1000});
+    REQUIRE(s.error.empty());
+    REQUIRE(s.skipped == 1);
+    REQUIRE(strings(s.out) == std::vector<std::string>{"small", "after"});
+    REQUIRE(s.out[1].index == 2);
+}

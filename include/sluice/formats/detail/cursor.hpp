@@ -62,7 +62,7 @@ public:
     std::uint64_t offset() const noexcept { return offset_; }
     std::size_t chunk_left() const noexcept { return cur_.size() - pos_; }
     /// Nothing held between chunks: at the end of a shard, anything else is a truncation.
-    bool empty() const noexcept { return stash_.empty() && !partial_ && skip_ == 0; }
+    bool empty() const noexcept { return stash_.empty() && !assembling_ && skip_ == 0; }
     /// Bytes stashed or left in the current chunk (not counting a record being assembled).
     std::size_t available() const noexcept { return stash_.size() + chunk_left(); }
 
@@ -95,40 +95,56 @@ public:
     }
 
     /// The next `n` bytes as one slice: of the chunk when they lie in it, else assembled
-    /// in a buffer of their own. False while not all have arrived; call again with the
-    /// same `n` after the next feed.
+    /// in a buffer of their own once all have arrived (until then the pieces are held as
+    /// slices of their chunks: a corrupt length field costs no allocation beyond the bytes
+    /// that actually come). False while not all have arrived; call again with the same
+    /// `n` after the next feed.
     bool take(std::size_t n, bytes& out) {
-        if (!partial_) {
+        if (!assembling_) {
             if (stash_.empty() && skip_ == 0 && chunk_left() >= n) {
                 out = cur_.slice(pos_, n);
                 pos_ += n;
                 offset_ += n;
                 return true;
             }
-            partial_ = mem_ ? mem_->allocate(n ? n : 1) : std::make_shared<buffer>(n ? n : 1);
-            fill_ = std::min(n, stash_.size());
-            if (fill_) std::memcpy(partial_->data(), stash_.data(), fill_);
-            stash_.erase(stash_.begin(), stash_.begin() + static_cast<std::ptrdiff_t>(fill_));
+            assembling_ = true;
+            have_ = std::min(n, stash_.size());
+            if (have_) parts_.push_back(bytes::copy_of(std::span(stash_.data(), have_)));
+            stash_.erase(stash_.begin(), stash_.begin() + static_cast<std::ptrdiff_t>(have_));
         }
-        const std::size_t add = std::min(n - fill_, chunk_left());
-        if (add) std::memcpy(partial_->data() + fill_, cur_.data() + pos_, add);
-        fill_ += add;
+        const std::size_t add = std::min(n - have_, chunk_left());
+        if (add) parts_.push_back(cur_.slice(pos_, add));
+        have_ += add;
         pos_ += add;
-        if (fill_ < n) return false;
-        out = bytes(std::move(partial_), n);
-        partial_.reset();
+        if (have_ < n) return false;
+        auto joined = mem_ ? mem_->allocate(n ? n : 1) : std::make_shared<buffer>(n ? n : 1);
+        std::byte* d = joined->data();
+        for (auto& part : parts_) {
+            if (part.size()) std::memcpy(d, part.data(), part.size());
+            d += part.size();
+        }
+        out = bytes(std::move(joined), n);
+        parts_.clear();
+        assembling_ = false;
+        have_ = 0;
         offset_ += n;
         return true;
     }
 
-    /// Drops everything held and skips the rest of the current chunk (after a fatal
-    /// corruption under the skip policy).
-    void drop_rest() {
-        offset_ += available();
+    /// Bytes were lost before the next chunk (upstream skipped a corruption): forget
+    /// everything held and count offsets on from `offset`.
+    void restart(std::uint64_t offset) {
         stash_.clear();
-        partial_.reset();
-        pos_ = cur_.size();
+        parts_.clear();
+        assembling_ = false;
+        have_ = 0;
+        skip_ = 0;
+        offset_ = offset;
     }
+
+    /// Consumed bytes that have not arrived yet are being skipped (a member's data or
+    /// padding past the end of what was read).
+    bool skipping() const noexcept { return skip_ != 0; }
 
     void use(buffer_source* mem) noexcept { mem_ = mem; }
 
@@ -138,8 +154,9 @@ private:
     std::uint64_t offset_ = 0;
     std::uint64_t skip_ = 0;
     std::vector<std::byte> stash_;  // the start of a header cut by a chunk boundary
-    std::shared_ptr<buffer> partial_;
-    std::size_t fill_ = 0;
+    std::vector<bytes> parts_;  // of a record cut by chunk boundaries
+    std::size_t have_ = 0;
+    bool assembling_ = false;
     buffer_source* mem_ = nullptr;
 };
 
@@ -162,8 +179,9 @@ inline void corrupt(const parse_policy& pol, const shard& src, bool inflated, co
 }
 
 /// What each format's parser of one shard has: the policy, the shard, its cursor.
-/// A parser adds `void parse(std::vector<Out>&)` (consume what the cursor holds) and
-/// `void finish(std::vector<Out>&)` (the shard ended).
+/// A parser adds `void parse(std::vector<Out>&)` (consume what the cursor holds),
+/// `void finish(std::vector<Out>&)` (the shard ended) and `void reset()` (bytes were lost
+/// upstream: drop the record in progress and expect a header next).
 struct parser_base {
     const parse_policy* pol = nullptr;
     std::shared_ptr<const shard> src;
@@ -171,7 +189,6 @@ struct parser_base {
     byte_cursor cur;
 
     void bad(const std::string& what, std::uint64_t offset) const { corrupt(*pol, *src, inflated, what, offset); }
-    bool skipping() const noexcept { return pol->corrupt == on_corrupt::skip; }
 };
 
 /// Runs one parser per shard, so chunks of several shards may interleave.
@@ -190,6 +207,10 @@ public:
             p.cur.use(pol_->mem);
         }
         try {
+            if (c.gap) {  // upstream lost bytes (and counted it): start afresh here
+                p.cur.restart(c.offset);
+                p.reset();
+            }
             p.cur.feed(c.data);
             p.parse(out);
             if (c.last) p.finish(out);

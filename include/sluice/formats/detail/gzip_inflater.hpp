@@ -43,7 +43,9 @@ public:
     compression mode = compression::detect;
     std::size_t out_chunk = 4u << 20;
 
-    void feed(chunk&& c, std::vector<chunk>& out) {
+    /// Takes the shard's next chunk. A shard that is not gzip passes to `out` at once;
+    /// otherwise call step() until it returns false.
+    void start(chunk&& c, std::vector<chunk>& out) {
         if (state_ == state::undecided) {
             if (mode == compression::none) state_ = state::pass;
             else if (mode == compression::gzip || ends_with_gz(src->url)) state_ = state::inflate;
@@ -74,17 +76,41 @@ public:
             if (inflateInit2(&z_, 15 + 16) != Z_OK) throw error("sluice: zlib cannot start (out of memory?)");
             z_ready_ = true;
         }
-        if (!head_.empty()) {
-            auto h = std::move(head_);
+        in_offset_ = c.offset - head_.size();
+        if (!head_.empty()) {  // rare: the first chunks were tiny
+            head_.insert(head_.end(), c.data.data(), c.data.data() + c.data.size());
+            in_ = bytes::copy_of(head_);
             head_.clear();
-            in_offset_ = 0;
-            input(h.data(), h.size(), out);
-            in_offset_ = c.offset;  // of c.data[0]
         } else {
-            in_offset_ = c.offset;
+            in_ = std::move(c.data);
         }
-        input(c.data.data(), c.data.size(), out);
-        if (c.last) finish(out);
+        in_pos_ = 0;
+        last_ = c.last;
+        pending_ = true;
+    }
+
+    /// Inflates until one output chunk is full or the input chunk is used up (then, for
+    /// the shard's last chunk, finishes). True when there is more to do: the caller
+    /// delivers `out` between calls, so one input chunk never holds more than one output
+    /// chunk in memory, however well it compresses.
+    bool step(std::vector<chunk>& out) {
+        if (!pending_) return false;
+        while (in_pos_ < in_.size()) {
+            const std::size_t before = out.size();
+            const std::byte* p = in_.data() + in_pos_;
+            const std::size_t n = in_.size() - in_pos_;
+            const std::size_t used = state_ == state::scan ? scan(p, n) : inflate_some(p, n, out);
+            in_pos_ += used;
+            if (used == 0 && out.size() == before && state_ == state::inflate) {
+                broken(out, "gzip stream makes no progress in", in_offset_);  // a guard: zlib always moves
+                state_ = state::scan;
+            }
+            if (out.size() > before) return true;
+        }
+        pending_ = false;
+        in_ = {};
+        if (last_) finish(out);
+        return false;
     }
 
 private:
@@ -92,44 +118,43 @@ private:
     z_stream z_{};
     bool z_ready_ = false;
     bool member_open_ = false;
+    bool pending_ = false;  // in_ has bytes to inflate
+    bool last_ = false;     // in_ is the shard's last chunk
+    bool gap_next_ = false; // the next output chunk follows lost bytes
     std::uint64_t member_start_ = 0;
     std::uint64_t in_offset_ = 0;   // compressed offset of the next input byte
     std::uint64_t out_offset_ = 0;  // uncompressed offset of out_[0]
     std::vector<std::byte> head_;
+    bytes in_;
+    std::size_t in_pos_ = 0;
     std::shared_ptr<buffer> out_;
     std::size_t fill_ = 0;
     int match_ = 0;  // bytes of the magic matched while scanning
 
     static constexpr unsigned char magic_[3] = {0x1f, 0x8b, 0x08};
 
-    void input(const std::byte* p, std::size_t n, std::vector<chunk>& out) {
-        while (n) {
-            if (state_ == state::scan) {
-                std::size_t i = 0;
-                for (; i < n && match_ < 3; ++i) {
-                    const auto b = static_cast<unsigned char>(p[i]);
-                    match_ = b == magic_[match_] ? match_ + 1 : (b == magic_[0] ? 1 : 0);
-                }
-                in_offset_ += i;
-                p += i;
-                n -= i;
-                if (match_ < 3) return;
-                match_ = 0;
-                state_ = state::inflate;
-                inflateReset(&z_);
-                in_offset_ -= 3;  // the member starts at its magic
-                const std::uint64_t resume = in_offset_ + 3;
-                inflate_some(reinterpret_cast<const std::byte*>(magic_), 3, out);
-                in_offset_ = resume;
-                continue;
-            }
-            const std::size_t used = inflate_some(p, n, out);
-            p += used;
-            n -= used;
+    // After a skipped break: looks for the next member's magic; returns the bytes used.
+    std::size_t scan(const std::byte* p, std::size_t n) {
+        std::size_t i = 0;
+        for (; i < n && match_ < 3; ++i) {
+            const auto b = static_cast<unsigned char>(p[i]);
+            match_ = b == magic_[match_] ? match_ + 1 : (b == magic_[0] ? 1 : 0);
         }
+        in_offset_ += i;
+        if (match_ < 3) return i;
+        match_ = 0;
+        state_ = state::inflate;
+        inflateReset(&z_);
+        const std::uint64_t resume = in_offset_;
+        in_offset_ -= 3;  // the member starts at its magic
+        std::vector<chunk> none;  // three header bytes give no output
+        inflate_some(reinterpret_cast<const std::byte*>(magic_), 3, none);
+        in_offset_ = resume;
+        return i;
     }
 
-    // Inflates until the input is used up or the stream breaks; returns the bytes used.
+    // Inflates until the input is used up, an output chunk is full, or the stream
+    // breaks; returns the bytes used.
     std::size_t inflate_some(const std::byte* p, std::size_t n, std::vector<chunk>& out) {
         std::size_t used = 0;
         if (!member_open_) {  // between members: skip zero padding
@@ -142,55 +167,55 @@ private:
         z_.next_in = reinterpret_cast<Bytef*>(const_cast<std::byte*>(p + used));
         z_.avail_in = static_cast<uInt>(std::min<std::size_t>(n - used, 1u << 30));
         const std::size_t given = z_.avail_in;
-        for (;;) {
-            if (!out_) {
-                out_ = pol->mem ? pol->mem->allocate(out_chunk) : std::make_shared<buffer>(out_chunk);
-                fill_ = 0;
-            }
-            z_.next_out = reinterpret_cast<Bytef*>(out_->data() + fill_);
-            z_.avail_out = static_cast<uInt>(out_chunk - fill_);
-            const std::size_t before_in = z_.avail_in;
-            const int r = ::inflate(&z_, Z_NO_FLUSH);
-            fill_ = out_chunk - z_.avail_out;
-            in_offset_ += before_in - z_.avail_in;
-            if (fill_ == out_chunk) emit(out, false);
-            if (r == Z_STREAM_END) {
-                member_open_ = false;
-                inflateReset(&z_);
-                return used + (given - z_.avail_in);
-            }
-            if (r != Z_OK && r != Z_BUF_ERROR) {
-                const std::string why = z_.msg ? z_.msg : zError(r);
-                const std::uint64_t at = in_offset_;
-                member_open_ = false;
-                broken("broken gzip stream (" + why + ") in the member starting at byte " +
-                           std::to_string(member_start_) + " of",
-                       at);
-                state_ = state::scan;  // skip policy: look for the next member
-                match_ = 0;
-                return used + (given - z_.avail_in);
-            }
-            if (z_.avail_in == 0) return used + given;
-            if (r == Z_BUF_ERROR) return used + (given - z_.avail_in);  // no progress possible
+        if (!out_) {
+            out_ = pol->mem ? pol->mem->allocate(out_chunk) : std::make_shared<buffer>(out_chunk);
+            fill_ = 0;
         }
+        z_.next_out = reinterpret_cast<Bytef*>(out_->data() + fill_);
+        z_.avail_out = static_cast<uInt>(out_chunk - fill_);
+        const int r = ::inflate(&z_, Z_NO_FLUSH);
+        fill_ = out_chunk - z_.avail_out;
+        const std::size_t took = given - z_.avail_in;
+        in_offset_ += took;
+        if (r == Z_STREAM_END) {
+            member_open_ = false;
+            inflateReset(&z_);
+        } else if (r != Z_OK && r != Z_BUF_ERROR) {
+            const std::string why = z_.msg ? z_.msg : zError(r);
+            member_open_ = false;
+            broken(out,
+                   "broken gzip stream (" + why + ") in the member starting at byte " + std::to_string(member_start_) +
+                       " of",
+                   in_offset_);
+            state_ = state::scan;  // skip policy: look for the next member
+            match_ = 0;
+        }
+        if (fill_ == out_chunk) emit(out, false);
+        return used + took;
     }
 
     void finish(std::vector<chunk>& out) {
         if (member_open_ && state_ == state::inflate)
-            broken("truncated gzip stream (the shard ends inside the member starting at byte " +
+            broken(out,
+                   "truncated gzip stream (the shard ends inside the member starting at byte " +
                        std::to_string(member_start_) + ") in",
                    in_offset_);
         emit(out, true);
     }
 
-    void broken(const std::string& what, std::uint64_t at) {
+    // A break: what was inflated before it goes out first; then the error, or under the
+    // skip policy the count, and the next output chunk is flagged as following a gap.
+    void broken(std::vector<chunk>& out, const std::string& what, std::uint64_t at) {
+        emit(out, false);
         source_error e(src->url, what, {}, at);
         if (pol->corrupt == on_corrupt::error) throw e;
         if (pol->skipped) pol->skipped->fetch_add(1, std::memory_order_relaxed);
         if (pol->on_skip) pol->on_skip(e);
+        gap_next_ = true;
     }
 
     void emit(std::vector<chunk>& out, bool last) {
+        if (!last && !(out_ && fill_)) return;  // nothing to say
         bytes data;
         if (out_ && fill_) {
             // A small tail would pin a whole out_chunk buffer: copy it out.
@@ -198,9 +223,10 @@ private:
                                          : bytes(std::move(out_), fill_);
         }
         out_.reset();
-        chunk c{src, out_offset_, std::move(data), last, true};
-        out_offset_ += c.data.size();
         fill_ = 0;
+        chunk c{src, out_offset_, std::move(data), last, true, gap_next_};
+        gap_next_ = false;
+        out_offset_ += c.data.size();
         out.push_back(std::move(c));
     }
 };
@@ -211,7 +237,8 @@ public:
     gunzip_decoder(std::shared_ptr<const parse_policy> pol, compression mode, std::size_t out_chunk)
         : pol_(std::move(pol)), mode_(mode), out_chunk_(out_chunk ? out_chunk : (4u << 20)) {}
 
-    void operator()(chunk&& c, std::vector<chunk>& out) {
+    /// See gzip_inflater::start and step.
+    void start(chunk&& c, std::vector<chunk>& out) {
         auto [it, fresh] = inflaters_.try_emplace(c.source.get());
         gzip_inflater& z = it->second;
         if (fresh) {
@@ -220,21 +247,39 @@ public:
             z.mode = mode_;
             z.out_chunk = out_chunk_;
         }
-        const bool last = c.last;
-        try {
-            z.feed(std::move(c), out);
-        } catch (...) {
-            inflaters_.erase(it);
-            throw;
+        current_ = it;
+        last_ = c.last;
+        guard([&] { z.start(std::move(c), out); });
+    }
+    bool step(std::vector<chunk>& out) {
+        bool more = false;
+        guard([&] { more = current_->second.step(out); });
+        if (!more && last_) inflaters_.erase(current_);
+        return more;
+    }
+    /// All of one input chunk at once (tests and fuzzers).
+    void operator()(chunk&& c, std::vector<chunk>& out) {
+        start(std::move(c), out);
+        while (step(out)) {
         }
-        if (last) inflaters_.erase(it);
     }
 
 private:
+    template <class F>
+    void guard(F f) {
+        try {
+            f();
+        } catch (...) {
+            inflaters_.erase(current_);
+            throw;
+        }
+    }
     std::shared_ptr<const parse_policy> pol_;
     compression mode_;
     std::size_t out_chunk_;
     std::unordered_map<const shard*, gzip_inflater> inflaters_;
+    std::unordered_map<const shard*, gzip_inflater>::iterator current_;
+    bool last_ = false;
 };
 
 }  // namespace detail

@@ -41,6 +41,7 @@ struct recordio_parser : parser_base {
                                 : std::string("bad RecordIO magic"),
                             cur.offset());
                     resyncing = true;
+                    if (split_open) discarding = true;  // its remaining parts are lost too
                     drop_split();
                     cur.consume(4);
                     continue;
@@ -64,6 +65,11 @@ struct recordio_parser : parser_base {
     }
 
     void part(std::vector<record>& out) {
+        if (discarding) {  // swallow the parts of a record already counted as lost
+            if (cflag == 2) return void(data = {});
+            discarding = false;
+            if (cflag == 3) return void(data = {});
+        }
         const bool in_split = split_open;
         switch (cflag) {
         case 0:
@@ -94,21 +100,32 @@ struct recordio_parser : parser_base {
         data = {};
     }
 
+    void reset() {
+        at = phase::header;
+        resyncing = false;
+        discarding = false;
+        drop_split();
+        data = {};
+    }
+
     void finish(std::vector<record>&) {
         if (resyncing) return;
         if (at != phase::header || !cur.empty())
-            bad("truncated RecordIO record (the shard ends inside a part)", part_or_here());
+            bad("truncated RecordIO record (the shard ends inside a part)",
+                at == phase::header && !cur.skipping() ? cur.offset() : part_start);
         else if (split_open)
             bad("truncated RecordIO record (the shard ends before its last part)", record_start);
     }
 
 private:
     bool split_open = false;
+    bool discarding = false;  // the rest of a split record already reported as lost
 
-    std::uint64_t part_or_here() const { return at == phase::header ? cur.offset() : part_start; }
     void add_part() {
-        if (parts_bytes + data.size() > pol->max_record_bytes) {
+        // The joined record: the parts plus the magic word put back between them.
+        if (parts_bytes + data.size() + 4 * parts.size() > pol->max_record_bytes) {
             drop_split();
+            discarding = true;
             bad("RecordIO split record over the limit of " + std::to_string(pol->max_record_bytes) + " bytes",
                 record_start);
             ++index;

@@ -118,12 +118,24 @@ struct tar_parser : parser_base {
         }
     }
 
+    void reset() {
+        at = phase::header;
+        resyncing = false;
+        ended = false;
+        long_name.clear();
+        clear_pax();
+        data = {};
+    }
+
     void finish(std::vector<record>&) {
         if (resyncing) return;  // reported when it began
         if (at == phase::body)
             bad("truncated tar archive (the shard ends inside member '" + h.name + "')", header_offset);
+        else if (cur.skipping())
+            bad("truncated tar archive (the shard ends inside the data or padding of member '" + h.name + "')",
+                header_offset);
         else if (!cur.empty())
-            bad("truncated tar archive (the shard ends inside a header or padding)", cur.offset());
+            bad("truncated tar archive (the shard ends inside a header)", cur.offset());
     }
 
 private:
@@ -132,7 +144,7 @@ private:
     bool read_header(const std::byte* b) {
         std::uint64_t size = 0;
         const bool sum_ok = tar_checksum_ok(b);
-        const bool size_ok = tar_number(b + 124, 12, size);
+        const bool size_ok = tar_number(b + 124, 12, size) && size < (std::uint64_t{1} << 62);
         if (!sum_ok || !size_ok) {
             if (!resyncing)
                 bad(sum_ok ? "bad tar header (size field)" : "bad tar header checksum", cur.offset());
@@ -208,7 +220,7 @@ private:
             parse_pax();
             break;
         default: {
-            record r{std::move(data), src, index++, header_offset + tar_block, std::move(h.name)};
+            record r{std::move(data), src, index++, header_offset + tar_block, h.name};
             out.push_back(std::move(r));
         }
         }

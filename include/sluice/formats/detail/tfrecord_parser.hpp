@@ -23,6 +23,16 @@ struct tfrecord_parser : parser_base {
                 if (!h) return;
                 const std::uint64_t len = le64(h);
                 const bool len_ok = !pol->verify || crc32c_mask(crc32c(h, 8)) == le32(h + 8);
+                if (len_ok && pol->verify && len > pol->max_record_bytes && len < (std::uint64_t{1} << 62) &&
+                    !resyncing) {
+                    // A sound length, just too large: skip the whole record.
+                    bad("TFRecord length " + std::to_string(len) + " over the limit of " +
+                            std::to_string(pol->max_record_bytes) + " bytes",
+                        cur.offset());
+                    cur.consume(12 + len + 4);
+                    ++index;
+                    continue;
+                }
                 if (!len_ok || len > pol->max_record_bytes) {
                     // A length we cannot trust: nothing after it can be located except by
                     // looking for the next header whose length checksum holds.
@@ -67,10 +77,16 @@ struct tfrecord_parser : parser_base {
         }
     }
 
+    void reset() {
+        at = phase::header;
+        resyncing = false;
+        data = {};
+    }
+
     void finish(std::vector<record>&) {
         if (at == phase::header && cur.empty()) return;
         if (resyncing) return;  // already reported: the tail held no valid record
-        const std::uint64_t at_offset = at == phase::header ? cur.offset() : start;
+        const std::uint64_t at_offset = at == phase::header && !cur.skipping() ? cur.offset() : start;
         bad("truncated TFRecord (the shard ends inside a record)", at_offset);
     }
 };
