@@ -93,11 +93,12 @@ int check(const std::uint8_t* data, std::size_t size, Parse parse, Describe desc
     return 0;
 }
 
-/// Feeds the chunks to a per-shard parser (Parser is a shard_parsers<...>).
-template <class Parsers, class Out>
-auto drive() {
-    return [](std::shared_ptr<sluice::detail::parse_policy> pol, std::vector<sluice::chunk> chunks, auto emit) {
-        Parsers d(pol);
+/// Feeds the chunks to the decoder `make(policy)` builds (a shard_parsers or the
+/// gunzip_decoder: `void operator()(chunk&&, std::vector<Out>&)`).
+template <class Out, class Make>
+auto drive(Make make) {
+    return [make](std::shared_ptr<sluice::detail::parse_policy> pol, std::vector<sluice::chunk> chunks, auto emit) {
+        auto d = make(pol);
         std::vector<Out> out;
         for (auto& c : chunks) {
             out.clear();
@@ -110,6 +111,12 @@ auto drive() {
             for (auto& o : out) emit(o);
         }
     };
+}
+
+/// drive() for a format parser.
+template <class Parser, class Out>
+auto drive_parser() {
+    return drive<Out>([](auto pol) { return sluice::detail::shard_parsers<Parser, Out>(pol); });
 }
 
 }  // namespace fuzz

@@ -11,19 +11,8 @@ std::string describe_chunk(const sluice::chunk& c) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     return fuzz::check(
         data, size,
-        [](std::shared_ptr<sluice::detail::parse_policy> pol, std::vector<sluice::chunk> chunks, auto emit) {
-            sluice::detail::gunzip_decoder z(pol, sluice::compression::detect, 4096);
-            std::vector<sluice::chunk> out;
-            for (auto& c : chunks) {
-                out.clear();
-                try {
-                    z(std::move(c), out);
-                } catch (...) {
-                    for (auto& o : out) emit(o);
-                    throw;
-                }
-                for (auto& o : out) emit(o);
-            }
-        },
+        fuzz::drive<sluice::chunk>([](auto pol) {
+            return sluice::detail::gunzip_decoder(pol, sluice::compression::detect, 4096);
+        }),
         describe_chunk, &fuzz::same_when_sound);
 }

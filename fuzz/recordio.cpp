@@ -4,6 +4,6 @@
 #include <sluice/formats/detail/recordio_parser.hpp>
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-    return fuzz::check(data, size, fuzz::drive<sluice::detail::shard_parsers<sluice::detail::recordio_parser, sluice::record>, sluice::record>(),
+    return fuzz::check(data, size, fuzz::drive_parser<sluice::detail::recordio_parser, sluice::record>(),
                        fuzz::describe_record);
 }

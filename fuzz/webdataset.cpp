@@ -14,6 +14,6 @@ std::string describe_sample(const sluice::sample& s) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     return fuzz::check(
         data, size,
-        fuzz::drive<sluice::detail::shard_parsers<sluice::detail::webdataset_parser, sluice::sample>, sluice::sample>(),
+        fuzz::drive_parser<sluice::detail::webdataset_parser, sluice::sample>(),
         describe_sample);
 }

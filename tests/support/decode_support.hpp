@@ -65,6 +65,13 @@ struct policy_opts {
 
 inline std::string bytes_str(const sluice::bytes& b) { return std::string(b.view()); }
 
+/// The records' bytes as strings.
+inline std::vector<std::string> strings(const std::vector<sluice::record>& rs) {
+    std::vector<std::string> v;
+    for (auto& r : rs) v.push_back(bytes_str(r.data));
+    return v;
+}
+
 /// Runs Parser over the chunks (through gzip first when asked).
 template <class Parser, class Out>
 parsed<Out> parse_chunks(std::vector<sluice::chunk> chunks, policy_opts po = {}) {

@@ -8,6 +8,7 @@
 #include <sluice/ops/from.hpp>
 
 using sluice_test::cut;
+using sluice_test::strings;
 using P = sluice::detail::recordio_parser;
 
 namespace {
@@ -17,11 +18,6 @@ std::string file_of(const std::vector<std::string>& rs) {
     std::string f;
     for (auto& s : rs) sluice::append_recordio(f, s);
     return f;
-}
-std::vector<std::string> strings(const std::vector<sluice::record>& rs) {
-    std::vector<std::string> v;
-    for (auto& r : rs) v.push_back(sluice_test::bytes_str(r.data));
-    return v;
 }
 // Records of random sizes, some holding the magic word at 4-byte boundaries (split by the
 // writer) and some off the boundaries (not split).

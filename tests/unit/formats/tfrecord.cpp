@@ -8,6 +8,7 @@
 #include <sluice/ops/from.hpp>
 
 using sluice_test::cut;
+using sluice_test::strings;
 using P = sluice::detail::tfrecord_parser;
 
 namespace {
@@ -24,11 +25,6 @@ std::string file_of(const std::vector<std::string>& rs) {
     std::string f;
     for (auto& s : rs) sluice::append_tfrecord(f, s);
     return f;
-}
-std::vector<std::string> strings(const std::vector<sluice::record>& rs) {
-    std::vector<std::string> v;
-    for (auto& r : rs) v.push_back(sluice_test::bytes_str(r.data));
-    return v;
 }
 // Offset of record i in a file of `rs`.
 std::uint64_t offset_of(const std::vector<std::string>& rs, std::size_t i) {
