@@ -63,8 +63,6 @@ public:
     std::size_t chunk_left() const noexcept { return cur_.size() - pos_; }
     /// Nothing held between chunks: at the end of a shard, anything else is a truncation.
     bool empty() const noexcept { return stash_.empty() && !assembling_ && skip_ == 0; }
-    /// Bytes stashed or left in the current chunk (not counting a record being assembled).
-    std::size_t available() const noexcept { return stash_.size() + chunk_left(); }
 
     /// A view of the next `n` bytes without consuming them, or nullptr when fewer have
     /// arrived (they are kept; call again after the next feed). For headers: small n.
