@@ -2,9 +2,11 @@
 #   Threads::Threads
 #   sluice::asio  (standalone Asio headers, e.g. Debian's libasio-dev)
 #   ZLIB::ZLIB    (gzip inflate for the formats; Debian's zlib1g-dev)
+#   CURL::libcurl (HTTP for sluice::fetch; Debian's libcurl4-openssl-dev)
 include(CMakeFindDependencyMacro)
 find_dependency(Threads)
 find_dependency(ZLIB)
+find_dependency(CURL)
 if(NOT TARGET sluice::asio)
   find_path(SLUICE_ASIO_INCLUDE_DIR asio.hpp DOC "standalone Asio's include directory")
   if(NOT SLUICE_ASIO_INCLUDE_DIR)

@@ -17,6 +17,7 @@
 #include <sluice/formats/recordio.hpp>
 #include <sluice/formats/tar.hpp>
 #include <sluice/formats/tfrecord.hpp>
+#include <sluice/io/http.hpp>
 #include <sluice/io/list.hpp>
 #include <sluice/io/local.hpp>
 #include <sluice/ops/batch.hpp>

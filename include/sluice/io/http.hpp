@@ -1,0 +1,194 @@
+#pragma once
+// sluice::fetch: http:// and https:// objects through libcurl, streamed as chunks, many in
+// flight, every transient failure retried (resuming where it stopped).
+
+#include <sluice/core/error.hpp>
+#include <sluice/core/record.hpp>
+#include <sluice/core/stage.hpp>
+#include <sluice/io/detail/curl_engine.hpp>
+
+#include <asio/steady_timer.hpp>
+
+#include <chrono>
+#include <optional>
+#include <random>
+#include <string>
+
+namespace sluice {
+
+struct fetch_options {
+    /// Objects downloading at once (each on one connection, reused across objects).
+    unsigned in_flight = 64;
+    /// Bytes per chunk handed downstream; a download holds about two while downstream is
+    /// full (then it is paused, not buffered).
+    std::size_t chunk_size = 1u << 20;
+    /// Retries of one object after a transient failure (connection error, timeout, stall,
+    /// a cut body, 429, 500, 502, 503, 504), with capped exponential backoff and full
+    /// jitter. A cut body resumes from its last byte (Range + If-Match on the ETag).
+    unsigned retries = 8;
+    std::chrono::milliseconds backoff_base{100};
+    std::chrono::milliseconds backoff_cap{5000};
+    /// No byte for this long: the transfer fails (and is retried).
+    std::chrono::seconds stall{30};
+    std::chrono::milliseconds connect_timeout{10000};
+    long max_redirects = 5;
+    /// TLS: verified by default; a CA bundle file to trust instead of the system's; or,
+    /// explicitly, no verification at all.
+    std::string ca_file = {};
+    bool insecure = false;
+    /// Capacity of the output channel, in chunks and bytes.
+    channel_limits out = {16, 64u << 20};
+};
+
+namespace detail {
+
+inline bool retryable_curl(CURLcode c) {
+    switch (c) {
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_RECV_ERROR:
+    case CURLE_SEND_ERROR:
+    case CURLE_GOT_NOTHING:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+    case CURLE_SSL_CONNECT_ERROR:
+        return true;
+    default:
+        return false;
+    }
+}
+inline bool retryable_status(long s) { return s == 429 || s == 500 || s == 502 || s == 503 || s == 504; }
+
+/// Waits on the coroutine's executor.
+struct sleep_for {
+    std::chrono::steady_clock::duration d;
+    std::optional<asio::steady_timer> timer;
+    bool await_ready() const noexcept { return d <= std::chrono::steady_clock::duration::zero(); }
+    template <class P>
+    void await_suspend(std::coroutine_handle<P> h) {
+        timer.emplace(h.promise().ex, d);
+        timer->async_wait([h](const std::error_code&) { h.resume(); });
+    }
+    void await_resume() const noexcept {}
+};
+
+// Abandons the transfer if the worker unwinds (the pipeline stopped) before it ended.
+struct transfer_guard {
+    curl_engine& eng;
+    std::shared_ptr<http_transfer> t;
+    bool ended = false;
+    ~transfer_guard() {
+        if (!ended) eng.cancel(t);
+    }
+};
+
+inline std::string http_failure(const http_transfer& t) {
+    if (t.result != CURLE_OK) {
+        std::string s = curl_easy_strerror(t.result);
+        if (t.errbuf[0]) s += " (" + std::string(t.errbuf) + ")";
+        return s;
+    }
+    std::string s = "HTTP " + std::to_string(t.status);
+    // S3 and friends say why in an XML <Code>.
+    const auto a = t.error_body.find("<Code>"), b = t.error_body.find("</Code>");
+    if (a != std::string::npos && b != std::string::npos && b > a) s += " " + t.error_body.substr(a + 6, b - a - 6);
+    return s;
+}
+
+inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o) {
+    auto eng = curl_engine::shared();
+    std::minstd_rand jitter(std::random_device{}());
+    auto& requests = ctx.stats.counter("requests");
+    auto& retries = ctx.stats.counter("retries");
+    auto& resumes = ctx.stats.counter("resumes");
+    auto& throttled = ctx.stats.counter("throttled");
+    while (auto s = co_await ctx.in.next()) {
+        auto src = std::make_shared<const shard>(std::move(*s));
+        std::uint64_t offset = 0;
+        std::string etag;
+        unsigned attempt = 0;
+        for (;;) {
+            http_request req;
+            req.url = src->url;
+            req.from = offset;
+            if (offset) req.if_match = etag;
+            req.chunk_size = o.chunk_size ? o.chunk_size : (1u << 20);
+            req.connect_timeout_ms = static_cast<long>(o.connect_timeout.count());
+            req.stall_seconds = static_cast<long>(o.stall.count());
+            req.max_redirects = o.max_redirects;
+            req.verify_tls = !o.insecure;
+            req.ca_file = o.ca_file;
+            req.mem = ctx.rt.buffers().get();
+            auto t = std::make_shared<http_transfer>(std::move(req));
+            requests.fetch_add(1, std::memory_order_relaxed);
+            eng->add(t);
+            transfer_guard guard{*eng, t};
+            bool checked_version = false;
+            for (;;) {
+                next_http_event ev{*t, {}};  // named: see io/local.hpp on g++ 12 and braced temporaries
+                auto data = co_await ev;
+                if (!data) break;
+                if (!checked_version) {  // a resumed download must continue the same version
+                    checked_version = true;
+                    if (etag.empty()) etag = t->etag;
+                    else if (!t->etag.empty() && t->etag != etag)
+                        throw source_error(src->url, "object changed while downloading (ETag " + etag + " became " +
+                                                         t->etag + ") from", {}, offset);
+                }
+                chunk c{src, offset, std::move(*data), false, false};
+                offset += c.data.size();
+                co_await ctx.out.send(std::move(c));
+                eng->resume(t);
+            }
+            guard.ended = true;
+            if (t->result == CURLE_OK && t->status >= 200 && t->status < 300) {
+                if (etag.empty()) etag = t->etag;
+                chunk last{src, offset, {}, true, false};
+                co_await ctx.out.send(std::move(last));
+                break;
+            }
+            if (t->result == CURLE_OK && t->status == 412 && !etag.empty())
+                throw source_error(src->url, "object changed while downloading (If-Match " + etag + " failed) from", {},
+                                   offset);
+            const bool transient = t->result != CURLE_OK ? retryable_curl(t->result) : retryable_status(t->status);
+            if (!transient || attempt >= o.retries) {
+                std::string what = http_failure(*t);
+                if (transient) what += " after " + std::to_string(attempt + 1) + " attempts";
+                throw source_error(src->url, "cannot fetch (" + what + ")", {}, offset ? offset : source_error::npos);
+            }
+            if (t->status == 503 || t->status == 429) throttled.fetch_add(1, std::memory_order_relaxed);
+            if (offset) resumes.fetch_add(1, std::memory_order_relaxed);
+            retries.fetch_add(1, std::memory_order_relaxed);
+            // Full jitter: a uniform wait up to min(cap, base * 2^attempt).
+            const auto ceiling = std::min<long long>(o.backoff_cap.count(), o.backoff_base.count() << std::min(attempt, 20u));
+            ++attempt;
+            const auto wait = std::chrono::milliseconds(ceiling > 0 ? jitter() % static_cast<unsigned long long>(ceiling + 1) : 0);
+            sleep_for pause{wait, {}};
+            co_await pause;
+        }
+    }
+}
+
+}  // namespace detail
+
+/// Takes: shards whose url is http:// or https://. Gives: each object's bytes as chunks
+/// (the last one flagged), in order per object; `in_flight` objects download at once and
+/// their chunks interleave (decoders keep per-shard state).
+/// Backpressure: each download holds at most about two chunks; when downstream is full
+/// the transfer is paused, not buffered.
+/// Errors: a sluice::source_error naming the URL and what failed ("HTTP 404", "Couldn't
+/// connect to server (...) after 9 attempts", the byte offset of a failed resume), after
+/// every chunk delivered before it; 4xx other than 429 are not retried. An object whose
+/// ETag changes between a cut and its resumption is an error, not two versions mixed.
+/// Stats: requests, retries, resumes, throttled (429/503).
+/// Cancellation: stops at the next chunk; transfers in flight are abandoned.
+/// Example: `sluice::list("https://host/shards/{0000..0099}.tar") | sluice::plan() | sluice::fetch() | sluice::webdataset()`
+inline stage<shard, chunk> fetch(fetch_options o = {}) {
+    return make_stage<shard, chunk>(
+        "fetch", {.concurrency = std::max(1u, o.in_flight), .order = ordering::unordered, .on = pool::io, .buffer = o.out},
+        [o](stage_context<shard, chunk>& ctx) { return detail::fetch_worker(ctx, o); });
+}
+
+}  // namespace sluice

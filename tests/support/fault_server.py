@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""sluice's fault-injecting HTTP server, for tests and benchmarks (loopback only).
+
+Serves the files under ROOT (GET and HEAD, Range, ETag, If-Match) and misbehaves on
+purpose, each fault drawn per request from a seeded generator:
+  --p503 F       answer 503 with S3's SlowDown XML body
+  --preset F     send headers and part of the body, then reset the connection
+  --ptrunc F     send fewer bytes than Content-Length, then close
+  --pstall F     send part of the body, then stall for --stall-s seconds
+  --ttfb-ms MS   wait this long before every answer's first byte (object-store latency)
+  --flip NAME    the object NAME gets a new version (content and ETag) after its first
+                 request has sent half of it
+Names starting with "forbidden" answer 403 (AccessDenied XML). It listens on 127.0.0.1 on
+a free port and prints "port N" on stdout once it accepts connections. Stop it by pid.
+"""
+import argparse
+import os
+import random
+import socket
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+args = None
+lock = threading.Lock()
+rng = None
+flipped = set()
+stats = {"requests": 0}
+
+
+def draw():
+    with lock:
+        stats["requests"] += 1
+        return rng.random()
+
+
+def xml_error(code, message):
+    return ('<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>%s</Code><Message>%s</Message></Error>'
+            % (code, message)).encode()
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):  # quiet
+        pass
+
+    def send_xml(self, status, code, message):
+        body = xml_error(code, message)
+        self.send_response(status)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def content(self, name):
+        path = os.path.join(args.root, name)
+        with open(path, "rb") as f:
+            data = f.read()
+        version = 1
+        if name in flipped:
+            data = bytes(reversed(data))
+            version = 2
+        return data, '"v%d-%d"' % (version, len(data))
+
+    def do_HEAD(self):
+        self.do_GET(head=True)
+
+    def do_GET(self, head=False):
+        if args.ttfb_ms:
+            time.sleep(args.ttfb_ms / 1000.0)
+        name = self.path.split("?")[0].lstrip("/")
+        if os.path.basename(name).startswith("forbidden"):
+            return self.send_xml(403, "AccessDenied", "Access Denied")
+        path = os.path.join(args.root, name)
+        if ".." in name.split("/") or not os.path.isfile(path):
+            return self.send_xml(404, "NoSuchKey", "The specified key does not exist.")
+        r = draw()
+        if r < args.p503:
+            return self.send_xml(503, "SlowDown", "Please reduce your request rate.")
+        r -= args.p503
+        data, etag = self.content(name)
+        if_match = self.headers.get("If-Match")
+        if if_match and if_match != etag:
+            return self.send_xml(412, "PreconditionFailed", "At least one of the pre-conditions you specified did not hold")
+        start, status = 0, 200
+        rng_header = self.headers.get("Range")
+        if rng_header and rng_header.startswith("bytes=") and rng_header.endswith("-"):
+            start = int(rng_header[6:-1])
+            if start >= len(data) and len(data) > 0:
+                return self.send_xml(416, "InvalidRange", "The requested range is not satisfiable")
+            status = 206
+        body = data[start:]
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("ETag", etag)
+        self.send_header("Accept-Ranges", "bytes")
+        if status == 206:
+            self.send_header("Content-Range", "bytes %d-%d/%d" % (start, len(data) - 1, len(data)))
+        self.end_headers()
+        if head:
+            return
+        half = len(body) // 2
+        if args.flip and name == args.flip and name not in flipped:
+            self.wfile.write(body[:half])
+            self.wfile.flush()
+            with lock:
+                flipped.add(name)
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if r < args.preset:
+            self.wfile.write(body[:half])
+            self.wfile.flush()
+            # RST instead of FIN: linger 0, then close.
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            self.close_connection = True
+            self.connection.close()
+            return
+        r -= args.preset
+        if r < args.ptrunc:
+            self.wfile.write(body[:half])
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        r -= args.ptrunc
+        if r < args.pstall:
+            self.wfile.write(body[:half])
+            self.wfile.flush()
+            time.sleep(args.stall_s)
+            self.close_connection = True
+            return
+        self.wfile.write(body)
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256
+
+
+def main():
+    global args, rng
+    p = argparse.ArgumentParser()
+    p.add_argument("root")
+    p.add_argument("--p503", type=float, default=0)
+    p.add_argument("--preset", type=float, default=0)
+    p.add_argument("--ptrunc", type=float, default=0)
+    p.add_argument("--pstall", type=float, default=0)
+    p.add_argument("--stall-s", type=float, default=5)
+    p.add_argument("--ttfb-ms", type=float, default=0)
+    p.add_argument("--flip", default="")
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args()
+    rng = random.Random(args.seed)
+    srv = Server(("127.0.0.1", 0), Handler)
+    print("port %d" % srv.server_address[1], flush=True)
+    srv.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+#pragma once
+// Real servers for the network tests, on loopback and free ports, stopped by pid:
+// nginx with a private prefix, and the project's fault-injecting server
+// (tests/support/fault_server.py).
+
+#include "support/test_support.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace sluice_test {
+
+/// A free TCP port on 127.0.0.1 (bound, read, released: another process may take it in
+/// between, which the servers' start-up check would show).
+inline int free_port() {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    socklen_t len = sizeof a;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+        ::close(fd);
+        throw std::runtime_error("no free port");
+    }
+    ::close(fd);
+    return ntohs(a.sin_port);
+}
+
+inline bool accepts(int port) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    return ok;
+}
+
+/// A child process, stopped (SIGTERM, then SIGKILL) and reaped by pid on destruction.
+class child {
+public:
+    /// Starts argv with stdout to `out_path` (and stderr to `err_path`).
+    child(const std::vector<std::string>& argv, const std::string& out_path, const std::string& err_path) {
+        pid_ = ::fork();
+        if (pid_ == 0) {
+            if (!std::freopen(out_path.c_str(), "w", stdout) || !std::freopen(err_path.c_str(), "w", stderr)) ::_exit(126);
+            std::vector<char*> args;
+            for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+            args.push_back(nullptr);
+            ::execvp(args[0], args.data());
+            ::_exit(127);
+        }
+    }
+    ~child() { stop(); }
+    child(const child&) = delete;
+    child& operator=(const child&) = delete;
+    pid_t pid() const { return pid_; }
+    bool running() {
+        if (pid_ <= 0) return false;
+        int st = 0;
+        if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+            pid_ = -1;
+            return false;
+        }
+        return true;
+    }
+    void stop() {
+        if (pid_ <= 0) return;
+        ::kill(pid_, SIGTERM);
+        for (int i = 0; i < 200; ++i) {
+            int st = 0;
+            if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+                pid_ = -1;
+                return;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        ::kill(pid_, SIGKILL);
+        int st = 0;
+        ::waitpid(pid_, &st, 0);
+        pid_ = -1;
+    }
+
+private:
+    pid_t pid_ = -1;
+};
+
+inline std::string slurp_file(const std::string& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+/// nginx serving `root` on 127.0.0.1:port.
+class nginx_server {
+public:
+    explicit nginx_server(const std::string& root) {
+        // Workers drop privileges when run as root: serve as root so a private 0700
+        // temporary folder is readable.
+        port_ = free_port();
+        const auto conf = dir_ / "nginx.conf";
+        std::ofstream(conf) << (::geteuid() == 0 ? "user root;\n" : "") << "daemon off;\nworker_processes 1;\n"
+                            << "pid " << (dir_ / "nginx.pid") << ";\nerror_log " << (dir_ / "error.log") << ";\n"
+                            << "events { worker_connections 1024; }\n"
+                            << "http {\n  access_log off;\n  sendfile on;\n  keepalive_requests 100000;\n"
+                            << "  client_body_temp_path " << (dir_ / "tmp") << ";\n  proxy_temp_path " << (dir_ / "tmp")
+                            << ";\n  fastcgi_temp_path " << (dir_ / "tmp") << ";\n  uwsgi_temp_path " << (dir_ / "tmp")
+                            << ";\n  scgi_temp_path " << (dir_ / "tmp") << ";\n"
+                            << "  server {\n    listen 127.0.0.1:" << port_ << ";\n    root " << root
+                            << ";\n    location /forbidden/ { deny all; }\n  }\n}\n";
+        std::filesystem::create_directories(dir_.path() / "tmp");
+        proc_ = std::make_unique<child>(
+            std::vector<std::string>{"nginx", "-p", dir_.path().string(), "-c", conf, "-e", dir_ / "error.log"},
+            dir_ / "stdout", dir_ / "stderr");
+        for (int i = 0; i < 500 && !accepts(port_); ++i) {
+            if (!proc_->running())
+                throw std::runtime_error("nginx exited: " + slurp_file(dir_ / "stderr") + slurp_file(dir_ / "error.log"));
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        if (!accepts(port_)) throw std::runtime_error("nginx did not start: " + slurp_file(dir_ / "error.log"));
+    }
+    std::string url(const std::string& path) const { return "http://127.0.0.1:" + std::to_string(port_) + "/" + path; }
+    int port() const { return port_; }
+
+private:
+    temp_dir dir_;
+    int port_ = 0;
+    std::unique_ptr<child> proc_;
+};
+
+/// The fault-injecting server (tests/support/fault_server.py) serving `root`.
+class fault_server {
+public:
+    fault_server(const std::string& root, std::vector<std::string> flags) {
+        std::vector<std::string> argv{"python3", SLUICE_FAULT_SERVER, root};
+        argv.insert(argv.end(), flags.begin(), flags.end());
+        proc_ = std::make_unique<child>(argv, dir_ / "stdout", dir_ / "stderr");
+        for (int i = 0; i < 1000; ++i) {
+            const auto out = slurp_file(dir_ / "stdout");
+            if (out.starts_with("port ") && out.find('\n') != std::string::npos) {
+                port_ = std::stoi(out.substr(5));
+                break;
+            }
+            if (!proc_->running()) throw std::runtime_error("fault server exited: " + slurp_file(dir_ / "stderr"));
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        if (!port_) throw std::runtime_error("fault server did not start");
+    }
+    std::string url(const std::string& path) const { return "http://127.0.0.1:" + std::to_string(port_) + "/" + path; }
+
+private:
+    temp_dir dir_;
+    int port_ = 0;
+    std::unique_ptr<child> proc_;
+};
+
+}  // namespace sluice_test

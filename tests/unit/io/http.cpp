@@ -1,0 +1,172 @@
+#include <sluice/io/http.hpp>
+
+#include "support/servers.hpp"
+#include "support/test_support.hpp"
+
+#include <sluice/core/pipeline.hpp>
+#include <sluice/core/detail/random.hpp>
+#include <sluice/formats/lines.hpp>
+#include <sluice/formats/raw.hpp>
+#include <sluice/io/list.hpp>
+#include <sluice/ops/plan.hpp>
+
+#include <zlib.h>
+
+#include <fstream>
+#include <map>
+
+namespace {
+std::string random_bytes(sluice::detail::rng& r, std::size_t n) {
+    std::string s(n, '\0');
+    for (auto& c : s) c = static_cast<char>(r.next());
+    return s;
+}
+std::uint64_t counter(const sluice::pipeline_figures& f, const std::string& stage, const std::string& name) {
+    for (auto& s : f.stages)
+        if (s.name == stage)
+            for (auto& [n, v] : s.counters)
+                if (n == name) return v;
+    return 0;
+}
+std::uint64_t rss_bytes() {
+    std::ifstream f("/proc/self/status");
+    std::string line;
+    while (std::getline(f, line))
+        if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+    return 0;
+}
+}  // namespace
+
+TEST_CASE("fetch: objects from nginx arrive whole, streamed in chunks, many in flight", "[http]") {
+    sluice_test::temp_dir www;
+    sluice::detail::rng r(sluice_test::test_seed());
+    std::map<std::string, std::string> want;
+    std::vector<std::string> urls;
+    sluice_test::nginx_server nginx(www.path().string());
+    for (std::size_t size : {0ul, 1ul, 1000ul, (1ul << 20) + 3, 5ul << 20}) {
+        const std::string name = "obj-" + std::to_string(size) + ".bin";
+        const std::string body = random_bytes(r, size);
+        www.write(name, body);
+        want[nginx.url(name)] = body;
+        urls.push_back(nginx.url(name));
+    }
+    std::map<std::string, std::string> got;
+    sluice::pipeline p(sluice::list(urls) | sluice::plan() | sluice::fetch({.in_flight = 3, .chunk_size = 64 << 10}) |
+                       sluice::raw());
+    for (auto& rec : p) got[rec.source->url] = std::string(rec.data.view());
+    REQUIRE(got == want);
+    const auto f = p.figures();
+    REQUIRE(counter(f, "fetch", "requests") == urls.size());
+    REQUIRE(counter(f, "fetch", "retries") == 0);
+}
+
+TEST_CASE("fetch: 404 and 403 are clear errors without retries", "[http][errors]") {
+    sluice_test::temp_dir www;
+    www.write("forbidden/secret.bin", "no");
+    sluice_test::nginx_server nginx(www.path().string());
+    for (auto [path, status] : {std::pair{"missing.bin", "404"}, std::pair{"forbidden/secret.bin", "403"}}) {
+        sluice::pipeline p(sluice::list(nginx.url(path)) | sluice::plan() | sluice::fetch({.backoff_base = std::chrono::milliseconds(1)}));
+        REQUIRE_THROWS_WITH(p.next_blocking(), "sluice: cannot fetch (HTTP " + std::string(status) + ") '" + nginx.url(path) + "'");
+        REQUIRE(counter(p.figures(), "fetch", "retries") == 0);
+        REQUIRE(counter(p.figures(), "fetch", "requests") == 1);
+    }
+}
+
+TEST_CASE("fetch: a refused connection fails after bounded retries, naming the URL", "[http][errors]") {
+    const std::string url = "http://127.0.0.1:" + std::to_string(sluice_test::free_port()) + "/x.bin";
+    sluice::pipeline p(sluice::list(url) | sluice::plan() |
+                       sluice::fetch({.retries = 2, .backoff_base = std::chrono::milliseconds(1), .backoff_cap = std::chrono::milliseconds(5)}));
+    try {
+        p.next_blocking();
+        FAIL("no error");
+    } catch (const sluice::source_error& e) {
+        const std::string m = e.what();
+        INFO(m);
+        REQUIRE(m.starts_with("sluice: cannot fetch (Couldn't connect to server"));
+        REQUIRE(m.find("after 3 attempts) '" + url + "'") != std::string::npos);
+    }
+    REQUIRE(counter(p.figures(), "fetch", "requests") == 3);
+}
+
+TEST_CASE("fetch: 2,000 objects under 503s, resets, stalls and truncations deliver every record once", "[http][faults]") {
+    sluice_test::temp_dir www;
+    sluice::detail::rng r(sluice_test::test_seed());
+    std::uint64_t want_records = 0, want_crc = 0;
+    for (int i = 0; i < 2000; ++i) {
+        std::string body;
+        const int lines = 1 + static_cast<int>(r.below(20));
+        for (int k = 0; k < lines; ++k) {
+            std::string line(r.below(200), 'a');
+            for (auto& c : line) c = static_cast<char>('a' + r.below(26));
+            want_crc += crc32_z(0, reinterpret_cast<const Bytef*>(line.data()), line.size());
+            body += line + "\n";
+        }
+        want_records += static_cast<std::uint64_t>(lines);
+        char name[32];
+        std::snprintf(name, sizeof name, "o/%05d.txt", i);
+        www.write(name, body);
+    }
+    sluice_test::fault_server faults(www.path().string(), {"--p503", "0.10", "--preset", "0.02", "--pstall", "0.01",
+                                                           "--stall-s", "3", "--ptrunc", "0.01", "--seed",
+                                                           std::to_string(sluice_test::test_seed())});
+    sluice::pipeline p(sluice::list(faults.url("o/{00000..01999}.txt")) | sluice::plan() |
+                       sluice::fetch({.in_flight = 32,
+                                      .retries = 20,
+                                      .backoff_base = std::chrono::milliseconds(2),
+                                      .backoff_cap = std::chrono::milliseconds(50),
+                                      .stall = std::chrono::seconds(1)}) |
+                       sluice::lines());
+    std::uint64_t records = 0, crc = 0;
+    for (auto& rec : p) {
+        ++records;
+        crc += crc32_z(0, reinterpret_cast<const Bytef*>(rec.data.data()), rec.data.size());
+    }
+    REQUIRE(records == want_records);
+    REQUIRE(crc == want_crc);
+    const auto f = p.figures();
+    INFO(f.table());
+    REQUIRE(counter(f, "fetch", "retries") > 100);  // about 14% of 2,000 requests fail
+    REQUIRE(counter(f, "fetch", "throttled") > 50);
+    REQUIRE(counter(f, "fetch", "resumes") > 0);
+}
+
+TEST_CASE("fetch: an object that changes while it downloads is an error, not two versions mixed", "[http][faults]") {
+    sluice_test::temp_dir www;
+    sluice::detail::rng r(5);
+    www.write("flip.bin", random_bytes(r, 3 << 20));
+    sluice_test::fault_server faults(www.path().string(), {"--flip", "flip.bin"});
+    sluice::pipeline p(sluice::list(faults.url("flip.bin")) | sluice::plan() |
+                       sluice::fetch({.chunk_size = 64 << 10, .backoff_base = std::chrono::milliseconds(1)}));
+    std::string error;
+    try {
+        while (p.next_blocking()) {
+        }
+    } catch (const sluice::source_error& e) {
+        error = e.what();
+    }
+    INFO(error);
+    REQUIRE(error.starts_with("sluice: object changed while downloading (If-Match \"v1-3145728\" failed) from '" +
+                              faults.url("flip.bin") + "' at byte "));
+}
+
+TEST_CASE("fetch: a slow consumer pauses the download instead of buffering it", "[http][memory]") {
+    sluice_test::temp_dir www;
+    {
+        std::ofstream f(www / "big.bin", std::ios::binary);
+        f.seekp((256 << 20) - 1);
+        f.put('\0');  // a sparse 256 MiB file
+    }
+    sluice_test::nginx_server nginx(www.path().string());
+    sluice::pipeline p(sluice::list(nginx.url("big.bin")) | sluice::plan() |
+                       sluice::fetch({.chunk_size = 1 << 20, .out = {4, 4 << 20}}));
+    const auto before = rss_bytes();
+    std::uint64_t bytes = 0, peak = before;
+    while (auto c = p.next_blocking()) {
+        bytes += c->data.size();
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        peak = std::max(peak, rss_bytes());
+    }
+    REQUIRE(bytes == 256u << 20);
+    INFO("RSS grew by " << ((peak - before) >> 20) << " MiB");
+    REQUIRE(peak - before < (48u << 20));  // channel (4 MiB) + two chunks per download + curl's buffers
+}
