@@ -24,8 +24,8 @@
 namespace {
 
 constexpr const char* usage_text = R"(usage: sluice-probe [options] SOURCE...
-SOURCE: a path, a glob (data/*.txt), a brace pattern (data/shard-{000..063}.txt) or a
-directory (all regular files below it).
+SOURCE: a path, a glob (data/*.txt), a brace pattern (data/shard-{000..063}.txt), a
+directory (all regular files below it), or http(s):// URLs (brace patterns expand).
 options:
   --format F             raw: one record per file; lines: per line (default);
                          tar: per regular file in tar archives; tfrecord; recordio.
@@ -44,6 +44,11 @@ options:
   --chunk-size BYTES     read size (default 4194304)
   --channel-bytes BYTES  byte budget of each channel (read, decode, batch)
                          (default 67108864); their sum is reported as budget_bytes
+  --in-flight K          http(s): objects downloading at once (default 64)
+  --retries N            http(s): retries of one object after transient failures (default 8)
+  --stall-seconds S      http(s): no byte for S seconds fails (and retries) a transfer (default 30)
+  --ca-file FILE         https: trust this CA bundle instead of the system's
+  --insecure             https: do not verify certificates (explicitly unsafe)
   --mmap                 map files instead of reading them (faster; a file that shrinks
                          while mapped ends the process with SIGBUS)
   --no-crc               skip the per-record crc32 (measures the pipeline alone)
@@ -67,6 +72,9 @@ struct options {
     std::size_t chunk_size = 4u << 20;
     std::size_t channel_bytes = 64u << 20;
     bool map = false;
+    unsigned in_flight = 64, retries = 8, stall = 30;
+    std::string ca_file;
+    bool insecure = false;
     bool crc = true;
     double progress = 1;
     bool quiet = false;
@@ -135,6 +143,18 @@ options parse(int argc, char** argv) {
             o.channel_bytes = number<std::size_t>(a, value());
         } else if (a == "--mmap") {
             o.map = true;
+        } else if (a == "--in-flight") {
+            o.in_flight = number<unsigned>(a, value());
+            if (o.in_flight == 0) usage_error("--in-flight must be at least 1");
+        } else if (a == "--retries") {
+            o.retries = number<unsigned>(a, value());
+        } else if (a == "--stall-seconds") {
+            o.stall = number<unsigned>(a, value());
+            if (o.stall == 0) usage_error("--stall-seconds must be at least 1");
+        } else if (a == "--ca-file") {
+            o.ca_file = value();
+        } else if (a == "--insecure") {
+            o.insecure = true;
         } else if (a == "--no-crc") {
             o.crc = false;
         } else if (a == "--progress") {
@@ -167,9 +187,17 @@ std::uint64_t peak_rss_bytes() {
 int main(int argc, char** argv) {
     const options o = parse(argc, argv);
 
-    auto src = sluice::list(o.sources) |
-               sluice::plan({.epochs = o.epochs, .seed = o.seed, .rank = o.rank, .world = o.world}) |
-               sluice::read({.chunk_size = o.chunk_size, .map = o.map, .out = {16, o.channel_bytes}});
+    const bool http = o.sources.front().starts_with("http://") || o.sources.front().starts_with("https://");
+    auto shards = sluice::list(o.sources) |
+                  sluice::plan({.epochs = o.epochs, .seed = o.seed, .rank = o.rank, .world = o.world});
+    auto src = http ? shards | sluice::fetch({.in_flight = o.in_flight,
+                                              .chunk_size = std::min<std::size_t>(o.chunk_size, 1u << 20),
+                                              .retries = o.retries,
+                                              .stall = std::chrono::seconds(o.stall),
+                                              .ca_file = o.ca_file,
+                                              .insecure = o.insecure,
+                                              .out = {16, o.channel_bytes}})
+                    : shards | sluice::read({.chunk_size = o.chunk_size, .map = o.map, .out = {16, o.channel_bytes}});
     const sluice::decode_options decode{.on_corrupt = o.on_corrupt, .out = {1024, o.channel_bytes}};
     auto records = o.format == "raw"        ? src | sluice::raw({64, o.channel_bytes})
                    : o.format == "tar"      ? src | sluice::tar(decode)
@@ -227,11 +255,20 @@ int main(int argc, char** argv) {
         w.key("seconds").value(f.seconds);
         w.key("records_per_s").value(double(n_records) / s);
         w.key("bytes_per_s").value(double(payload) / s);
-        std::uint64_t corrupt = 0;
-        for (auto& st : f.stages)
-            for (auto& [name, v] : st.counters)
-                if (name == "corrupt") corrupt += v;
-        w.key("corrupt_skipped").value(corrupt);
+        auto total = [&](const std::string& counter) {
+            std::uint64_t n = 0;
+            for (auto& st : f.stages)
+                for (auto& [name, v] : st.counters)
+                    if (name == counter) n += v;
+            return n;
+        };
+        w.key("corrupt_skipped").value(total("corrupt"));
+        if (http) {
+            w.key("requests").value(total("requests"));
+            w.key("retries").value(total("retries"));
+            w.key("resumes").value(total("resumes"));
+            w.key("throttled").value(total("throttled"));
+        }
         w.key("peak_rss_bytes").value(peak_rss_bytes());
         w.key("budget_bytes").value(budget_bytes);
         w.key("bottleneck").value(f.bottleneck());

@@ -1,4 +1,5 @@
 // sluice-probe, sluice-gen and the examples, run as a user runs them.
+#include "support/servers.hpp"
 #include "support/test_support.hpp"
 
 #include <fstream>
@@ -170,4 +171,28 @@ TEST_CASE("sluice-probe --on-corrupt: an error naming shard and offset, or skipp
     REQUIRE(json_u64(s.out, "corrupt_skipped") == 1);
     auto bad = probe({"--on-corrupt", "maybe", d.glob("tfrecord")});
     REQUIRE(bad.status == 2);
+}
+
+TEST_CASE("sluice-probe reads http:// shards from nginx and through faults, every record once", "[probe][http]") {
+    dataset d({"--files", "6", "--records", "200", "--record-size", "2000", "--vary", "--format", "tar", "--seed", "4"});
+    sluice_test::nginx_server nginx(d.dir.path().string());
+    auto r = probe({"--json", "--quiet", "--format", "tar", "--shuffle", "300", "--in-flight", "4",
+                    nginx.url("shard-{000000..000005}.tar")});
+    INFO(r.err << r.out);
+    REQUIRE(r.status == 0);
+    REQUIRE(json_u64(r.out, "records") == json_u64(d.summary, "records"));
+    REQUIRE(json_u64(r.out, "crc_sum") == json_u64(d.summary, "crc_sum"));
+    REQUIRE(json_u64(r.out, "requests") == 6);
+    REQUIRE(json_u64(r.out, "retries") == 0);
+
+    sluice_test::fault_server faults(d.dir.path().string(), {"--p503", "0.3", "--preset", "0.2", "--seed", "3"});
+    auto f = probe({"--json", "--quiet", "--format", "tar", "--retries", "30", faults.url("shard-{000000..000005}.tar")});
+    INFO(f.err << f.out);
+    REQUIRE(f.status == 0);
+    REQUIRE(json_u64(f.out, "crc_sum") == json_u64(d.summary, "crc_sum"));
+    REQUIRE(json_u64(f.out, "retries") > 0);
+
+    auto missing = probe({"--json", "--quiet", "--format", "tar", nginx.url("nothing.tar")});
+    REQUIRE(missing.status == 1);
+    REQUIRE(missing.err.find("cannot fetch (HTTP 404) '" + nginx.url("nothing.tar") + "'") != std::string::npos);
 }

@@ -170,3 +170,19 @@ TEST_CASE("fetch: a slow consumer pauses the download instead of buffering it", 
     INFO("RSS grew by " << ((peak - before) >> 20) << " MiB");
     REQUIRE(peak - before < (48u << 20));  // channel (4 MiB) + two chunks per download + curl's buffers
 }
+
+TEST_CASE("fetch: stopping mid-download abandons the transfers and joins", "[http]") {
+    sluice_test::temp_dir www;
+    for (int i = 0; i < 4; ++i) {
+        std::ofstream f(www / ("big" + std::to_string(i) + ".bin"), std::ios::binary);
+        f.seekp((64 << 20) - 1);
+        f.put('\0');
+    }
+    sluice_test::nginx_server nginx(www.path().string());
+    for (int round = 0; round < 5; ++round) {
+        sluice::pipeline p(sluice::list(nginx.url("big{0..3}.bin")) | sluice::plan() | sluice::fetch({.chunk_size = 256 << 10}));
+        for (int k = 0; k <= round * 3; ++k) REQUIRE(p.next_blocking());
+        p.stop();  // must return: every worker unwinds, every transfer is abandoned
+        REQUIRE_FALSE(p.next_blocking());
+    }
+}
