@@ -8,6 +8,7 @@ purpose, each fault drawn per request from a seeded generator:
   --ptrunc F     send fewer bytes than Content-Length, then close
   --pstall F     send part of the body, then stall for --stall-s seconds
   --ttfb-ms MS   wait this long before every answer's first byte (object-store latency)
+  --no-ranges    ignore Range headers (answer 200 with the whole object)
   --flip NAME    the object NAME gets a new version (content and ETag) after its first
                  request has sent half of it
 Names starting with "forbidden" answer 403 (AccessDenied XML). It listens on 127.0.0.1 on
@@ -84,20 +85,27 @@ class Handler(BaseHTTPRequestHandler):
         if_match = self.headers.get("If-Match")
         if if_match and if_match != etag:
             return self.send_xml(412, "PreconditionFailed", "At least one of the pre-conditions you specified did not hold")
-        start, status = 0, 200
+        start, end, status = 0, len(data), 200
         rng_header = self.headers.get("Range")
-        if rng_header and rng_header.startswith("bytes=") and rng_header.endswith("-"):
-            start = int(rng_header[6:-1])
-            if start >= len(data) and len(data) > 0:
-                return self.send_xml(416, "InvalidRange", "The requested range is not satisfiable")
+        if rng_header and rng_header.startswith("bytes=") and "," not in rng_header and not args.no_ranges:
+            a, _, b = rng_header[6:].partition("-")
+            start = int(a)
+            if b:
+                end = min(len(data), int(b) + 1)
+            if start >= len(data):
+                self.send_response(416)
+                self.send_header("Content-Range", "bytes */%d" % len(data))
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             status = 206
-        body = data[start:]
+        body = data[start:end]
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("ETag", etag)
         self.send_header("Accept-Ranges", "bytes")
         if status == 206:
-            self.send_header("Content-Range", "bytes %d-%d/%d" % (start, len(data) - 1, len(data)))
+            self.send_header("Content-Range", "bytes %d-%d/%d" % (start, end - 1, len(data)))
         self.end_headers()
         if head:
             return
@@ -152,6 +160,7 @@ def main():
     p.add_argument("--ttfb-ms", type=float, default=0)
     p.add_argument("--flip", default="")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--no-ranges", action="store_true")
     args = p.parse_args()
     rng = random.Random(args.seed)
     srv = Server(("127.0.0.1", 0), Handler)

@@ -10,6 +10,7 @@
 #include <asio/steady_timer.hpp>
 
 #include <chrono>
+#include <deque>
 #include <optional>
 #include <random>
 #include <string>
@@ -22,6 +23,13 @@ struct fetch_options {
     /// Bytes per chunk handed downstream; a download holds about two while downstream is
     /// full (then it is paused, not buffered).
     std::size_t chunk_size = 1u << 20;
+    /// Large objects download as ranged parts of `part_size` bytes, `parts_in_flight` at a
+    /// time per object, delivered in order (each part holds at most two chunks while it
+    /// waits its turn). The first request asks for one part; its Content-Range gives the
+    /// size. A server without range support answers 200 and the object streams whole.
+    bool parallel_parts = true;
+    std::uint64_t part_size = 8u << 20;
+    unsigned parts_in_flight = 4;
     /// Retries of one object after a transient failure (connection error, timeout, stall,
     /// a cut body, 429, 500, 502, 503, 504), with capped exponential backoff and full
     /// jitter. A cut body resumes from its last byte (Range + If-Match on the ETag).
@@ -74,16 +82,6 @@ struct sleep_for {
     void await_resume() const noexcept {}
 };
 
-// Abandons the transfer if the worker unwinds (the pipeline stopped) before it ended.
-struct transfer_guard {
-    curl_engine& eng;
-    std::shared_ptr<http_transfer> t;
-    bool ended = false;
-    ~transfer_guard() {
-        if (!ended) eng.cancel(t);
-    }
-};
-
 inline std::string http_failure(const http_transfer& t) {
     if (t.result != CURLE_OK) {
         std::string s = curl_easy_strerror(t.result);
@@ -97,77 +95,151 @@ inline std::string http_failure(const http_transfer& t) {
     return s;
 }
 
+// One byte range of an object in flight: [from, to] (to inclusive; npos: to the end).
+struct http_part {
+    std::uint64_t from = 0, to = http_request::npos;
+    std::shared_ptr<http_transfer> t;
+};
+
+struct fetch_state {
+    curl_engine& eng;
+    const fetch_options& o;
+    stage_context<shard, chunk>& ctx;
+    std::atomic<std::uint64_t>& requests;
+
+    void start(http_part& p, const std::string& url, const std::string& etag) {
+        http_request req;
+        req.url = url;
+        req.from = p.from;
+        req.to = p.to;
+        req.if_match = etag;
+        req.chunk_size = o.chunk_size ? o.chunk_size : (1u << 20);
+        req.connect_timeout_ms = static_cast<long>(o.connect_timeout.count());
+        req.stall_seconds = static_cast<long>(o.stall.count());
+        req.max_redirects = o.max_redirects;
+        req.verify_tls = !o.insecure;
+        req.ca_file = o.ca_file;
+        req.mem = ctx.rt.buffers().get();
+        p.t = std::make_shared<http_transfer>(std::move(req));
+        requests.fetch_add(1, std::memory_order_relaxed);
+        eng.add(p.t);
+    }
+};
+
 inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o) {
     auto eng = curl_engine::shared();
     std::minstd_rand jitter(std::random_device{}());
-    auto& requests = ctx.stats.counter("requests");
+    fetch_state fs{*eng, o, ctx, ctx.stats.counter("requests")};
     auto& retries = ctx.stats.counter("retries");
     auto& resumes = ctx.stats.counter("resumes");
     auto& throttled = ctx.stats.counter("throttled");
+    auto& parts_counter = ctx.stats.counter("parts");
+    const std::uint64_t part_size = std::max<std::uint64_t>(o.part_size, 1);
     while (auto s = co_await ctx.in.next()) {
         auto src = std::make_shared<const shard>(std::move(*s));
-        std::uint64_t offset = 0;
+        std::uint64_t offset = 0;  // of the next byte to deliver
+        std::uint64_t total = http_request::npos;
+        std::uint64_t next_from = part_size;  // of the next part to start
         std::string etag;
+        std::deque<http_part> parts;
+        // Abandons the transfers still open if the worker unwinds (the pipeline stopped).
+        struct abandon {
+            curl_engine& eng;
+            std::deque<http_part>& parts;
+            ~abandon() {
+                for (auto& p : parts)
+                    if (p.t) eng.cancel(p.t);
+            }
+        } guard{*eng, parts};
+        // The first request asks for one part: its answer gives the object's size, and
+        // the other parts then download in parallel, `parts_in_flight` at a time.
+        parts.push_back(http_part{0, o.parallel_parts ? part_size - 1 : http_request::npos, {}});
+        fs.start(parts.front(), src->url, "");
+        auto refill = [&] {
+            while (total != http_request::npos && next_from < total && parts.size() < std::max(1u, o.parts_in_flight)) {
+                http_part p{next_from, std::min(total, next_from + part_size) - 1, {}};
+                next_from = p.to + 1;
+                fs.start(p, src->url, etag);
+                parts_counter.fetch_add(1, std::memory_order_relaxed);
+                parts.push_back(std::move(p));
+            }
+        };
         unsigned attempt = 0;
-        for (;;) {
-            http_request req;
-            req.url = src->url;
-            req.from = offset;
-            if (offset) req.if_match = etag;
-            req.chunk_size = o.chunk_size ? o.chunk_size : (1u << 20);
-            req.connect_timeout_ms = static_cast<long>(o.connect_timeout.count());
-            req.stall_seconds = static_cast<long>(o.stall.count());
-            req.max_redirects = o.max_redirects;
-            req.verify_tls = !o.insecure;
-            req.ca_file = o.ca_file;
-            req.mem = ctx.rt.buffers().get();
-            auto t = std::make_shared<http_transfer>(std::move(req));
-            requests.fetch_add(1, std::memory_order_relaxed);
-            eng->add(t);
-            transfer_guard guard{*eng, t};
-            bool checked_version = false;
+        bool first_response = true;
+        while (!parts.empty()) {
+            http_part& p = parts.front();
             for (;;) {
-                next_http_event ev{*t, {}};  // named: see io/local.hpp on g++ 12 and braced temporaries
+                next_http_event ev{*p.t, {}};  // named: see io/local.hpp on g++ 12 and braced temporaries
                 auto data = co_await ev;
                 if (!data) break;
-                if (!checked_version) {  // a resumed download must continue the same version
-                    checked_version = true;
-                    if (etag.empty()) etag = t->etag;
-                    else if (!t->etag.empty() && t->etag != etag)
-                        throw source_error(src->url, "object changed while downloading (ETag " + etag + " became " +
-                                                         t->etag + ") from", {}, offset);
+                if (first_response) {
+                    first_response = false;
+                    etag = p.t->etag;
+                    if (p.t->ranged_ignored) {  // no range support: the whole object in one
+                        p.to = http_request::npos;
+                    } else if (p.to != http_request::npos) {
+                        total = p.t->total;
+                        refill();
+                    }
+                } else if (!etag.empty() && !p.t->etag.empty() && p.t->etag != etag) {
+                    throw source_error(src->url, "object changed while downloading (ETag " + etag + " became " +
+                                                     p.t->etag + ") from", {}, offset);
                 }
                 chunk c{src, offset, std::move(*data), false, false};
                 offset += c.data.size();
                 co_await ctx.out.send(std::move(c));
-                eng->resume(t);
+                eng->resume(p.t);
             }
-            guard.ended = true;
-            if (t->result == CURLE_OK && t->status >= 200 && t->status < 300) {
-                if (etag.empty()) etag = t->etag;
-                chunk last{src, offset, {}, true, false};
-                co_await ctx.out.send(std::move(last));
-                break;
-            }
-            if (t->result == CURLE_OK && t->status == 412 && !etag.empty())
+            http_transfer& t = *p.t;
+            const bool ok = t.result == CURLE_OK && t.status >= 200 && t.status < 300;
+            const bool empty_object = t.result == CURLE_OK && t.status == 416 && offset == 0 && t.total == 0;
+            if (ok || empty_object) {
+                if (first_response) {  // an empty body: nothing above gave the size
+                    first_response = false;
+                    etag = t.etag;
+                    total = empty_object ? 0 : t.total;
+                    if (!t.ranged_ignored && p.to != http_request::npos) refill();
+                }
+                // 200 (not 206): the server sent the object to its end, whatever was asked.
+                const bool part_done = p.to == http_request::npos || t.status == 200 || offset == p.to + 1 || empty_object ||
+                                       (total != http_request::npos && offset >= total);
+                if (part_done) {
+                    parts.pop_front();
+                    attempt = 0;
+                    refill();
+                    continue;
+                }
+                // A 2xx that ended early (a server that closes cleanly mid-part): resume.
+                if (attempt >= o.retries)
+                    throw source_error(src->url, "cannot fetch (the body ended early, " + std::to_string(attempt + 1) +
+                                                     " attempts)", {}, offset);
+            } else if (t.result == CURLE_OK && t.status == 412 && !etag.empty()) {
                 throw source_error(src->url, "object changed while downloading (If-Match " + etag + " failed) from", {},
                                    offset);
-            const bool transient = t->result != CURLE_OK ? retryable_curl(t->result) : retryable_status(t->status);
-            if (!transient || attempt >= o.retries) {
-                std::string what = http_failure(*t);
-                if (transient) what += " after " + std::to_string(attempt + 1) + " attempts";
-                throw source_error(src->url, "cannot fetch (" + what + ")", {}, offset ? offset : source_error::npos);
+            } else {
+                const bool transient = t.result != CURLE_OK ? retryable_curl(t.result) : retryable_status(t.status);
+                if (!transient || attempt >= o.retries) {
+                    std::string what = http_failure(t);
+                    if (transient) what += " after " + std::to_string(attempt + 1) + " attempts";
+                    throw source_error(src->url, "cannot fetch (" + what + ")", {}, offset ? offset : source_error::npos);
+                }
+                if (t.status == 503 || t.status == 429) throttled.fetch_add(1, std::memory_order_relaxed);
             }
-            if (t->status == 503 || t->status == 429) throttled.fetch_add(1, std::memory_order_relaxed);
-            if (offset) resumes.fetch_add(1, std::memory_order_relaxed);
+            if (offset > p.from) resumes.fetch_add(1, std::memory_order_relaxed);
             retries.fetch_add(1, std::memory_order_relaxed);
             // Full jitter: a uniform wait up to min(cap, base * 2^attempt).
-            const auto ceiling = std::min<long long>(o.backoff_cap.count(), o.backoff_base.count() << std::min(attempt, 20u));
+            const auto ceiling =
+                std::min<long long>(o.backoff_cap.count(), o.backoff_base.count() << std::min(attempt, 20u));
             ++attempt;
-            const auto wait = std::chrono::milliseconds(ceiling > 0 ? jitter() % static_cast<unsigned long long>(ceiling + 1) : 0);
+            const auto wait =
+                std::chrono::milliseconds(ceiling > 0 ? jitter() % static_cast<unsigned long long>(ceiling + 1) : 0);
             sleep_for pause{wait, {}};
             co_await pause;
+            p.from = offset;  // resume this part where it stopped, the same version only
+            fs.start(p, src->url, offset || !first_response ? etag : "");
         }
+        chunk last{src, offset, {}, true, false};
+        co_await ctx.out.send(std::move(last));
     }
 }
 
@@ -182,7 +254,8 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
 /// connect to server (...) after 9 attempts", the byte offset of a failed resume), after
 /// every chunk delivered before it; 4xx other than 429 are not retried. An object whose
 /// ETag changes between a cut and its resumption is an error, not two versions mixed.
-/// Stats: requests, retries, resumes, throttled (429/503).
+/// Stats: requests, parts (ranged requests after an object's first), retries, resumes,
+/// throttled (429/503).
 /// Cancellation: stops at the next chunk; transfers in flight are abandoned.
 /// Example: `sluice::list("https://host/shards/{0000..0099}.tar") | sluice::plan() | sluice::fetch() | sluice::webdataset()`
 inline stage<shard, chunk> fetch(fetch_options o = {}) {

@@ -186,3 +186,52 @@ TEST_CASE("fetch: stopping mid-download abandons the transfers and joins", "[htt
         REQUIRE_FALSE(p.next_blocking());
     }
 }
+
+TEST_CASE("fetch: large objects download as ranged parts in parallel, delivered in order", "[http][parts]") {
+    sluice_test::temp_dir www;
+    sluice::detail::rng r(sluice_test::test_seed());
+    const std::string big = random_bytes(r, (20 << 20) + 12345), small = random_bytes(r, 1000);
+    www.write("big.bin", big);
+    www.write("small.bin", small);
+    www.write("empty.bin", "");
+    auto fetch_all = [](const std::string& url, sluice::fetch_options o) {
+        sluice::pipeline p(sluice::list(url) | sluice::plan() | sluice::fetch(o));
+        std::map<std::string, std::string> got;
+        std::map<std::string, std::uint64_t> next;
+        while (auto c = p.next_blocking()) {
+            REQUIRE(c->offset == next[c->source->url]);  // in order, no gap, no overlap
+            next[c->source->url] += c->data.size();
+            got[c->source->url] += std::string(c->data.view());
+        }
+        return std::pair{got, p.figures()};
+    };
+    const sluice::fetch_options parts{.chunk_size = 256 << 10, .part_size = 1 << 20, .parts_in_flight = 4};
+    {
+        sluice_test::nginx_server nginx(www.path().string());
+        auto [got, f] = fetch_all(nginx.url("{big,small,empty}.bin"), parts);
+        REQUIRE(got[nginx.url("big.bin")] == big);
+        REQUIRE(got[nginx.url("small.bin")] == small);
+        REQUIRE(got[nginx.url("empty.bin")].empty());
+        REQUIRE(got.size() == 3);
+        REQUIRE(counter(f, "fetch", "parts") == 20);  // 21 parts of big.bin, the first not counted
+    }
+    {
+        // Through faults: every part retried and resumed on its own, the object whole.
+        sluice_test::fault_server faults(www.path().string(), {"--p503", "0.2", "--preset", "0.1", "--ptrunc", "0.1", "--seed", "9"});
+        auto o = parts;
+        o.retries = 30;
+        o.backoff_base = std::chrono::milliseconds(1);
+        o.backoff_cap = std::chrono::milliseconds(20);
+        auto [got, f] = fetch_all(faults.url("big.bin"), o);
+        REQUIRE(got[faults.url("big.bin")] == big);
+        REQUIRE(counter(f, "fetch", "retries") > 0);
+    }
+    {
+        // A server without range support: the object streams whole from the first answer.
+        sluice_test::fault_server plain(www.path().string(), {"--no-ranges"});
+        auto [got, f] = fetch_all(plain.url("big.bin"), parts);
+        REQUIRE(got[plain.url("big.bin")] == big);
+        REQUIRE(counter(f, "fetch", "parts") == 0);
+        REQUIRE(counter(f, "fetch", "requests") == 1);
+    }
+}

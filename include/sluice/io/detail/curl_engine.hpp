@@ -40,7 +40,9 @@ namespace sluice::detail {
 /// What one HTTP request asks for.
 struct http_request {
     std::string url;
-    std::uint64_t from = 0;  // Range: bytes=from- when non-zero
+    std::uint64_t from = 0;  // Range: bytes=from-to when either is set
+    std::uint64_t to = npos;  // inclusive; npos: to the end
+    static constexpr std::uint64_t npos = ~std::uint64_t{0};
     std::string if_match;    // If-Match when non-empty (a resumed download of one version)
     std::size_t chunk_size = 1u << 20;
     long connect_timeout_ms = 10000;
@@ -68,6 +70,7 @@ struct http_transfer {
     CURLcode result = CURLE_OK;
     long status = 0;
     std::string etag;
+    std::uint64_t total = http_request::npos;  // the object's size, from Content-Range
     std::string error_body;  // the start of an error reply's body (S3's XML code...)
     char errbuf[CURL_ERROR_SIZE] = {};
 
@@ -77,6 +80,7 @@ struct http_transfer {
     std::shared_ptr<buffer> buf;
     std::size_t fill = 0;
     std::uint64_t discard = 0;  // bytes of a 200 answer to a Range request to drop
+    bool ranged_ignored = false;  // a 200 to a Range request: the whole object follows
     bool status_known = false;
 
     // Wakes the coroutine, if it waits. Call with m held; returns what to resume.
@@ -226,8 +230,9 @@ private:
         curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, t.req.verify_tls ? 1L : 0L);
         curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, t.req.verify_tls ? 2L : 0L);
         if (!t.req.ca_file.empty()) curl_easy_setopt(e, CURLOPT_CAINFO, t.req.ca_file.c_str());
-        if (t.req.from) {
-            const std::string range = std::to_string(t.req.from) + "-";
+        if (t.req.from || t.req.to != http_request::npos) {
+            std::string range = std::to_string(t.req.from) + "-";
+            if (t.req.to != http_request::npos) range += std::to_string(t.req.to);
             curl_easy_setopt(e, CURLOPT_RANGE, range.c_str());  // copied by curl
         }
         if (!t.req.if_match.empty()) {
@@ -280,7 +285,18 @@ private:
         std::string_view line(p, len);
         if (line.starts_with("HTTP/")) {  // a new response (after a redirect or 100): forget the last
             t.etag.clear();
+            t.total = http_request::npos;
             t.status_known = false;
+        } else if (line.size() > 14 && (line[0] == 'C' || line[0] == 'c') &&
+                   (line.substr(0, 14) == "Content-Range:" || line.substr(0, 14) == "content-range:")) {
+            const auto slash = line.rfind('/');  // bytes a-b/total, or bytes */total
+            if (slash != std::string_view::npos) {
+                std::uint64_t n = 0;
+                bool digits = false;
+                for (std::size_t i = slash + 1; i < line.size() && line[i] >= '0' && line[i] <= '9'; ++i, digits = true)
+                    n = n * 10 + static_cast<std::uint64_t>(line[i] - '0');
+                if (digits) t.total = n;
+            }
         } else if (line.size() > 5 && (line[0] == 'E' || line[0] == 'e') && std::tolower(line[1]) == 't' &&
                    std::tolower(line[2]) == 'a' && std::tolower(line[3]) == 'g' && line[4] == ':') {
             auto v = line.substr(5);
@@ -298,6 +314,7 @@ private:
             curl_easy_getinfo(t.easy, CURLINFO_RESPONSE_CODE, &t.status);
             t.status_known = true;
             if (t.req.from && t.status == 200) t.discard = t.req.from;  // the server ignored Range
+            if (t.status == 200) t.ranged_ignored = t.req.from || t.req.to != http_request::npos;
         }
         if (t.status >= 300) {  // an error reply: keep the start of its body for the message
             if (t.error_body.size() < 4096) t.error_body.append(p, std::min(len, 4096 - t.error_body.size()));
