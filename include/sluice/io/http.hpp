@@ -9,8 +9,12 @@
 
 #include <asio/steady_timer.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
 #include <optional>
 #include <random>
 #include <string>
@@ -18,8 +22,15 @@
 namespace sluice {
 
 struct fetch_options {
-    /// Objects downloading at once (each on one connection, reused across objects).
+    /// Requests in flight at most (objects, and parts of large objects). On 503 or 429
+    /// the limit halves, at most once per round of requests and not below
+    /// `min_in_flight`; each success adds 1/limit (about one per round), back up to this
+    /// (AIMD, as TCP does with losses).
     unsigned in_flight = 64;
+    unsigned min_in_flight = 4;
+    /// Objects in order of their shards (each waits for the one before it to be handed
+    /// on; later ones download meanwhile, up to two chunks per request), or as completed.
+    ordering order = ordering::unordered;
     /// Bytes per chunk handed downstream; a download holds about two while downstream is
     /// full (then it is paused, not buffered).
     std::size_t chunk_size = 1u << 20;
@@ -95,10 +106,107 @@ inline std::string http_failure(const http_transfer& t) {
     return s;
 }
 
+/// The stage's request budget: additive increase, multiplicative decrease. Blocking
+/// acquire() is used only by a worker that holds no other request (an object's first
+/// request); parts take try_acquire() and retries go on without a permit, so workers
+/// never wait on each other in a cycle.
+class aimd_limit {
+public:
+    aimd_limit(unsigned max, unsigned min) : max_(std::max(1u, max)), min_(std::clamp(min, 1u, max_)), limit_(max_) {}
+
+    struct acquire_op {
+        aimd_limit& l;
+        std::uint64_t* seq;
+        bool await_ready() {
+            std::lock_guard lock(l.m_);
+            return l.take(seq);
+        }
+        template <class P>
+        bool await_suspend(std::coroutine_handle<P> h) {
+            std::lock_guard lock(l.m_);
+            if (l.take(seq)) return false;
+            l.waiters_.push_back({h, h.promise().ex, seq});
+            return true;  // resumed holding a permit (see release)
+        }
+        void await_resume() const noexcept {}
+    };
+    /// A permit; `*seq` gets the request's sequence number (for release).
+    acquire_op acquire(std::uint64_t* seq) { return acquire_op{*this, seq}; }
+    bool try_acquire(std::uint64_t* seq) {
+        std::lock_guard lock(m_);
+        return take(seq);
+    }
+    /// A request ended: `throttled` for 503/429 (halve, once per round: not again for
+    /// requests started before the last halving), `ok` for a success (grow).
+    void release(std::uint64_t seq, bool ok, bool throttled) {
+        std::vector<waiter> wake;
+        {
+            std::lock_guard lock(m_);
+            if (active_) --active_;
+            if (throttled && seq >= round_) {
+                limit_ = std::max<double>(min_, limit_ / 2);
+                round_ = next_seq_;
+            } else if (ok) {
+                limit_ = std::min<double>(max_, limit_ + 1.0 / limit_);
+            }
+            while (!waiters_.empty() && active_ < allowed()) {
+                auto w = waiters_.front();
+                waiters_.pop_front();
+                take_unchecked(w.seq);
+                wake.push_back(w);
+            }
+        }
+        for (auto& w : wake) resume_on(w.ex, w.h);
+    }
+    unsigned limit() const {
+        std::lock_guard lock(m_);
+        return allowed();
+    }
+private:
+    struct waiter {
+        std::coroutine_handle<> h;
+        executor ex;
+        std::uint64_t* seq;
+    };
+    unsigned allowed() const { return static_cast<unsigned>(std::min<double>(limit_, max_)); }
+    bool take(std::uint64_t* seq) {  // m_ held
+        if (active_ >= allowed()) return false;
+        take_unchecked(seq);
+        return true;
+    }
+    void take_unchecked(std::uint64_t* seq) {
+        ++active_;
+        *seq = next_seq_++;
+    }
+    mutable std::mutex m_;
+    unsigned max_, min_;
+    double limit_;
+    unsigned active_ = 0;
+    std::uint64_t next_seq_ = 0, round_ = 0;
+    std::deque<waiter> waiters_;
+};
+
+/// The limiter of one running fetch stage, shared by its workers.
+inline std::shared_ptr<aimd_limit> limiter_for(const void* stage, unsigned max, unsigned min) {
+    static std::mutex m;
+    static std::unordered_map<const void*, std::weak_ptr<aimd_limit>> live;
+    std::lock_guard lock(m);
+    std::erase_if(live, [](auto& kv) { return kv.second.expired(); });
+    auto& w = live[stage];
+    auto l = w.lock();
+    if (!l) {
+        l = std::make_shared<aimd_limit>(max, min);
+        w = l;
+    }
+    return l;
+}
+
 // One byte range of an object in flight: [from, to] (to inclusive; npos: to the end).
 struct http_part {
     std::uint64_t from = 0, to = http_request::npos;
     std::shared_ptr<http_transfer> t;
+    bool permit = false;  // holds one of the limiter's permits
+    std::uint64_t seq = 0;  // the permit's sequence number
 };
 
 struct fetch_state {
@@ -134,9 +242,22 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
     auto& resumes = ctx.stats.counter("resumes");
     auto& throttled = ctx.stats.counter("throttled");
     auto& parts_counter = ctx.stats.counter("parts");
+    auto& limit_gauge = ctx.stats.counter("in_flight_limit");
+    auto lim = limiter_for(&ctx.stats, o.in_flight, o.min_in_flight);
+    limit_gauge.store(lim->limit(), std::memory_order_relaxed);
+    auto release = [&](http_part& p, bool ok, bool throttled) {
+        if (!p.permit) return;
+        p.permit = false;
+        lim->release(p.seq, ok, throttled);
+        limit_gauge.store(lim->limit(), std::memory_order_relaxed);
+    };
     const std::uint64_t part_size = std::max<std::uint64_t>(o.part_size, 1);
-    while (auto s = co_await ctx.in.next()) {
+    for (;;) {
+        std::uint64_t ticket = 0;
+        auto s = co_await ctx.in.next(ctx.turn ? &ticket : nullptr);
+        if (!s) break;
         auto src = std::make_shared<const shard>(std::move(*s));
+        bool my_turn = !ctx.turn;  // ordered: hand on nothing before the objects before
         std::uint64_t offset = 0;  // of the next byte to deliver
         std::uint64_t total = http_request::npos;
         std::uint64_t next_from = part_size;  // of the next part to start
@@ -146,18 +267,30 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
         struct abandon {
             curl_engine& eng;
             std::deque<http_part>& parts;
+            aimd_limit& lim;
             ~abandon() {
-                for (auto& p : parts)
+                for (auto& p : parts) {
                     if (p.t) eng.cancel(p.t);
+                    if (p.permit) lim.release(p.seq, false, false);
+                }
             }
-        } guard{*eng, parts};
+        } guard{*eng, parts, *lim};
+        // Holding nothing else, a blocking wait is safe here. Not when ordered: a later
+        // object may hold permits while it waits for this one's turn, so the object
+        // whose turn may be next must not wait for them.
+        bool first_permit = true;
+        std::uint64_t first_seq = 0;
+        if (ctx.turn) first_permit = lim->try_acquire(&first_seq);
+        else co_await lim->acquire(&first_seq);
         // The first request asks for one part: its answer gives the object's size, and
         // the other parts then download in parallel, `parts_in_flight` at a time.
-        parts.push_back(http_part{0, o.parallel_parts ? part_size - 1 : http_request::npos, {}});
+        parts.push_back(http_part{0, o.parallel_parts ? part_size - 1 : http_request::npos, {}, first_permit, first_seq});
         fs.start(parts.front(), src->url, "");
+        std::uint64_t seq = 0;
         auto refill = [&] {
-            while (total != http_request::npos && next_from < total && parts.size() < std::max(1u, o.parts_in_flight)) {
-                http_part p{next_from, std::min(total, next_from + part_size) - 1, {}};
+            while (total != http_request::npos && next_from < total && parts.size() < std::max(1u, o.parts_in_flight) &&
+                   lim->try_acquire(&seq)) {
+                http_part p{next_from, std::min(total, next_from + part_size) - 1, {}, true, seq};
                 next_from = p.to + 1;
                 fs.start(p, src->url, etag);
                 parts_counter.fetch_add(1, std::memory_order_relaxed);
@@ -187,11 +320,17 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
                 }
                 chunk c{src, offset, std::move(*data), false, false};
                 offset += c.data.size();
+                if (!my_turn) {
+                    co_await ctx.turn->wait(ticket);
+                    my_turn = true;
+                }
                 co_await ctx.out.send(std::move(c));
                 eng->resume(p.t);
+                refill();  // permits freed since: start more parts
             }
             http_transfer& t = *p.t;
             const bool ok = t.result == CURLE_OK && t.status >= 200 && t.status < 300;
+            release(p, ok, t.result == CURLE_OK && (t.status == 503 || t.status == 429));
             const bool empty_object = t.result == CURLE_OK && t.status == 416 && offset == 0 && t.total == 0;
             if (ok || empty_object) {
                 if (first_response) {  // an empty body: nothing above gave the size
@@ -239,7 +378,9 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
             fs.start(p, src->url, offset || !first_response ? etag : "");
         }
         chunk last{src, offset, {}, true, false};
+        if (!my_turn) co_await ctx.turn->wait(ticket);
         co_await ctx.out.send(std::move(last));
+        if (ctx.turn) ctx.turn->done(ticket);
     }
 }
 
@@ -260,7 +401,7 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
 /// Example: `sluice::list("https://host/shards/{0000..0099}.tar") | sluice::plan() | sluice::fetch() | sluice::webdataset()`
 inline stage<shard, chunk> fetch(fetch_options o = {}) {
     return make_stage<shard, chunk>(
-        "fetch", {.concurrency = std::max(1u, o.in_flight), .order = ordering::unordered, .on = pool::io, .buffer = o.out},
+        "fetch", {.concurrency = std::max(1u, o.in_flight), .order = o.order, .on = pool::io, .buffer = o.out},
         [o](stage_context<shard, chunk>& ctx) { return detail::fetch_worker(ctx, o); });
 }
 

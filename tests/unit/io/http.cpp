@@ -111,6 +111,7 @@ TEST_CASE("fetch: 2,000 objects under 503s, resets, stalls and truncations deliv
                                                            std::to_string(sluice_test::test_seed())});
     sluice::pipeline p(sluice::list(faults.url("o/{00000..01999}.txt")) | sluice::plan() |
                        sluice::fetch({.in_flight = 32,
+                                      .min_in_flight = 16,  // exactly-once is the point here, not AIMD
                                       .retries = 20,
                                       .backoff_base = std::chrono::milliseconds(2),
                                       .backoff_cap = std::chrono::milliseconds(50),
@@ -234,4 +235,31 @@ TEST_CASE("fetch: large objects download as ranged parts in parallel, delivered 
         REQUIRE(counter(f, "fetch", "parts") == 0);
         REQUIRE(counter(f, "fetch", "requests") == 1);
     }
+}
+
+TEST_CASE("fetch: 503s shrink the in-flight limit; ordered delivery keeps the shards' order", "[http][faults]") {
+    sluice_test::temp_dir www;
+    std::vector<std::string> names;
+    for (int i = 0; i < 300; ++i) {
+        char name[32];
+        std::snprintf(name, sizeof name, "s/%03d.txt", i);
+        www.write(name, std::string(static_cast<std::size_t>(100 + i), static_cast<char>('a' + i % 26)) + "\n");
+        names.push_back(name);
+    }
+    sluice_test::fault_server faults(www.path().string(), {"--p503", "0.5", "--seed", "2"});
+    sluice::pipeline p(sluice::list(faults.url("s/{000..299}.txt")) | sluice::plan() |
+                       sluice::fetch({.in_flight = 32,
+                                      .order = sluice::ordering::ordered,
+                                      .retries = 40,
+                                      .backoff_base = std::chrono::milliseconds(1),
+                                      .backoff_cap = std::chrono::milliseconds(10)}) |
+                       sluice::lines());
+    std::vector<std::string> got;
+    for (auto& rec : p) got.push_back(rec.source->url);
+    REQUIRE(got.size() == 300);
+    for (std::size_t i = 0; i < got.size(); ++i) REQUIRE(got[i] == faults.url(names[i]));
+    const auto f = p.figures();
+    REQUIRE(counter(f, "fetch", "throttled") > 50);
+    REQUIRE(counter(f, "fetch", "in_flight_limit") < 32);  // halved by 503s, not yet grown back
+    REQUIRE(counter(f, "fetch", "in_flight_limit") >= 4);  // not below min_in_flight
 }
