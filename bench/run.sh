@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs each benchmark beside its peer, on the same data in the same run, and prints the
 # figures and ratios (one JSON object per line on stdout, a summary on stderr).
-#   bench/run.sh [channel|crc32c|local|formats|memory]...     (default: all)
+#   bench/run.sh [channel|crc32c|local|formats|http|memory]...     (default: all)
 # Data goes to build-release/bench-data (made once: 2.1 GiB of lines; for formats also
 # 2.1 GiB each of tar and TFRecord and a gzip'd copy of the TFRecord set).
 set -euo pipefail
@@ -15,7 +15,7 @@ field() { grep -o "\"$1\":[^,}]*" | head -1 | cut -d: -f2 | tr -d '"'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
 now() { date +%s.%N; }
 what=("$@")
-[ ${#what[@]} -eq 0 ] && what=(channel crc32c local formats memory)
+[ ${#what[@]} -eq 0 ] && what=(channel crc32c local formats http memory)
 
 data=$build/bench-data
 make_data() {
@@ -97,6 +97,74 @@ for w in "${what[@]}"; do
     zcat_gbs=$(best_of_3 zcat "${files[@]}")
     probe_best "tfrecord.gz batch" "$zcat_gbs" "$data/tfrecord-gz.json" --format tfrecord --no-crc "$data/tfrecord-gz/shard-*"
     probe_best "tfrecord.gz shuffle+batch" "$zcat_gbs" "$data/tfrecord-gz.json" --format tfrecord --no-crc --shuffle 10000 --seed 1 "$data/tfrecord-gz/shard-*"
+    ;;
+  http)
+    # Peers on the same servers in the same run: curl -o /dev/null for one 1 GiB object;
+    # curl --parallel --parallel-max 64 for 2,000 objects of 100 KiB (sluice also parses
+    # and batches them: each is a one-file tar); the bound 64 / 50 ms for the same objects
+    # through the fault server with a 50 ms first byte. CPU seconds (user + sys) per GB
+    # for both. Goals: >= 1.0 x curl; >= 0.9 x the bound; CPU <= curl's.
+    command -v nginx >/dev/null || { echo "http bench needs nginx" >&2; exit 1; }
+    www=$data/http
+    if [ ! -f "$www/objects.json" ]; then
+      mkdir -p "$www"
+      truncate -s 1G "$www/big.bin"  # sparse: the server's disk is not what is measured
+      "$build/examples/sluice-gen" "$www/o" --files 2000 --records 1 --record-size 102400 --format tar --seed 3 > "$www/objects.json"
+    fi
+    ngx=$(mktemp -d); port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    printf 'daemon off; worker_processes 1; %s pid %s/pid; error_log %s/error.log;\nevents { worker_connections 4096; }\nhttp { access_log off; sendfile on; keepalive_requests 1000000; client_body_temp_path %s; proxy_temp_path %s; fastcgi_temp_path %s; uwsgi_temp_path %s; scgi_temp_path %s;\n server { listen 127.0.0.1:%s; root %s; } }\n' \
+      "$([ "$(id -u)" = 0 ] && echo 'user root;')" "$ngx" "$ngx" "$ngx" "$ngx" "$ngx" "$ngx" "$ngx" "$port" "$(cd "$www" && pwd)" > "$ngx/nginx.conf"
+    nginx -p "$ngx" -c "$ngx/nginx.conf" -e "$ngx/error.log" & ngx_pid=$!
+    python3 tests/support/fault_server.py "$www" --ttfb-ms 50 > "$ngx/fault.out" 2>&1 & fault_pid=$!
+    trap 'kill $ngx_pid $fault_pid 2>/dev/null; wait $ngx_pid $fault_pid 2>/dev/null; rm -rf "$ngx"' EXIT
+    for i in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/o/shard-000000.tar" && grep -q port "$ngx/fault.out" && break; sleep 0.1; done
+    fport=$(cut -d' ' -f2 < "$ngx/fault.out")
+    base="http://127.0.0.1:$port"
+    cpu() { local TIMEFORMAT="%U %S"; { time "$@" > "$ngx/out" 2>/dev/null; } 2>&1 | awk 'NF == 2 { c = $1 + $2 } END { print c + 0 }'; }
+    wall_cpu() {  # command...: "seconds cpu_seconds"
+      local t0 t1 c; t0=$(now); c=$(cpu "$@"); t1=$(now)
+      awk -v a="$t0" -v b="$t1" -v c="$c" 'BEGIN { printf "%.4f %.3f\n", b - a, c }'
+    }
+    # One 1 GiB object.
+    best_curl=0 best_sluice=0 cpu_curl=0 cpu_sluice=0
+    for i in 1 2 3; do
+      read -r s c < <(wall_cpu curl -s -o /dev/null "$base/big.bin")
+      g=$(awk -v s="$s" 'BEGIN { printf "%.3f", 1073741824 / s / 1e9 }')
+      if awk -v x="$g" -v y="$best_curl" 'BEGIN { exit !(x > y) }'; then best_curl=$g; cpu_curl=$c; fi
+      read -r s c < <(wall_cpu "$probe" --format chunks --json --quiet "$base/big.bin")
+      g=$(awk -v s="$s" 'BEGIN { printf "%.3f", 1073741824 / s / 1e9 }')
+      if awk -v x="$g" -v y="$best_sluice" 'BEGIN { exit !(x > y) }'; then best_sluice=$g; cpu_sluice=$c; fi
+    done
+    echo "{\"bench\":\"http_one_object\",\"bytes\":1073741824,\"sluice_gb_per_s\":$best_sluice,\"curl_gb_per_s\":$best_curl,\"ratio\":$(ratio "$best_sluice" "$best_curl"),\"sluice_cpu_s_per_gb\":$(awk -v c="$cpu_sluice" 'BEGIN{printf "%.3f", c / 1.073741824}'),\"curl_cpu_s_per_gb\":$(awk -v c="$cpu_curl" 'BEGIN{printf "%.3f", c / 1.073741824}')}"
+    echo "http one 1 GiB object: sluice $best_sluice GB/s, curl $best_curl GB/s, ratio $(ratio "$best_sluice" "$best_curl"); CPU s: sluice $cpu_sluice, curl $cpu_curl (wall-clock process time, incl. start-up)" >&2
+    # 2,000 objects of 100 KiB, parsed (tar) and batched by sluice.
+    n=2000; obytes=$(cat "$www"/o/shard-*.tar | wc -c)
+    best_curl=0 best_sluice=0 cpu_curl=0 cpu_sluice=0
+    for i in 1 2 3; do
+      read -r s c < <(wall_cpu curl -s --parallel --parallel-max 64 "$base/o/shard-[000000-001999].tar")
+      r=$(awk -v s="$s" -v n=$n 'BEGIN { printf "%.1f", n / s }')
+      if awk -v x="$r" -v y="$best_curl" 'BEGIN { exit !(x > y) }'; then best_curl=$r; cpu_curl=$c; fi
+      read -r s c < <(wall_cpu "$probe" --format tar --batch 256 --no-crc --json --quiet --in-flight 64 "$base/o/shard-{000000..001999}.tar")
+      [ "$(field records < "$ngx/out")" = $n ] || { echo "http: record count mismatch" >&2; cat "$ngx/out" >&2; exit 1; }
+      r=$(awk -v s="$s" -v n=$n 'BEGIN { printf "%.1f", n / s }')
+      if awk -v x="$r" -v y="$best_sluice" 'BEGIN { exit !(x > y) }'; then best_sluice=$r; cpu_sluice=$c; fi
+    done
+    gb=$(awk -v b="$obytes" 'BEGIN { printf "%.4f", b / 1e9 }')
+    echo "{\"bench\":\"http_many_objects\",\"objects\":$n,\"bytes\":$obytes,\"sluice_objects_per_s\":$best_sluice,\"curl_objects_per_s\":$best_curl,\"ratio\":$(ratio "$best_sluice" "$best_curl"),\"sluice_cpu_s_per_gb\":$(awk -v c="$cpu_sluice" -v g="$gb" 'BEGIN{printf "%.3f", c / g}'),\"curl_cpu_s_per_gb\":$(awk -v c="$cpu_curl" -v g="$gb" 'BEGIN{printf "%.3f", c / g}')}"
+    echo "http 2,000 x 100 KiB (sluice parses + batches): sluice $best_sluice objects/s, curl --parallel 64 $best_curl objects/s, ratio $(ratio "$best_sluice" "$best_curl"); CPU s: sluice $cpu_sluice, curl $cpu_curl" >&2
+    # Through the fault server with a 50 ms first byte: against 64 / 50 ms.
+    best=0
+    for i in 1 2; do
+      read -r s c < <(wall_cpu "$probe" --format tar --batch 256 --no-crc --json --quiet --in-flight 64 "http://127.0.0.1:$fport/o/shard-{000000..001999}.tar")
+      [ "$(field records < "$ngx/out")" = $n ] || { echo "http: record count mismatch (fault server)" >&2; exit 1; }
+      r=$(awk -v s="$s" -v n=$n 'BEGIN { printf "%.1f", n / s }')
+      if awk -v x="$r" -v y="$best" 'BEGIN { exit !(x > y) }'; then best=$r; fi
+    done
+    read -r s c < <(wall_cpu curl -s --parallel --parallel-max 64 "http://127.0.0.1:$fport/o/shard-[000000-001999].tar")
+    curl_ttfb=$(awk -v s="$s" -v n=$n 'BEGIN { printf "%.1f", n / s }')
+    echo "{\"bench\":\"http_ttfb_50ms\",\"objects\":$n,\"sluice_objects_per_s\":$best,\"bound_objects_per_s\":1280,\"ratio\":$(ratio "$best" 1280),\"curl_objects_per_s\":$curl_ttfb}"
+    echo "http 2,000 x 100 KiB, 50 ms first byte (python fault server): sluice $best objects/s, bound 64/50ms = 1280/s, ratio $(ratio "$best" 1280); curl --parallel 64 on the same server $curl_ttfb objects/s" >&2
+    kill $ngx_pid $fault_pid; wait $ngx_pid $fault_pid 2>/dev/null || true; rm -rf "$ngx"; trap - EXIT
     ;;
   local)
     # Peer: cat of the same files to /dev/null, warm cache. Goal: sluice >= 0.8 x cat.

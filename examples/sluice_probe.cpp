@@ -28,6 +28,7 @@ SOURCE: a path, a glob (data/*.txt), a brace pattern (data/shard-{000..063}.txt)
 directory (all regular files below it), or http(s):// URLs (brace patterns expand).
 options:
   --format F             raw: one record per file; lines: per line (default);
+                         chunks: no decoding, the sources' chunks counted (transfer rate);
                          tar: per regular file in tar archives; tfrecord; recordio.
                          gzip'd shards (.gz or the gzip magic) are inflated, except
                          for raw (bytes as stored)
@@ -44,7 +45,11 @@ options:
   --chunk-size BYTES     read size (default 4194304)
   --channel-bytes BYTES  byte budget of each channel (read, decode, batch)
                          (default 67108864); their sum is reported as budget_bytes
-  --in-flight K          http(s): objects downloading at once (default 64)
+  --in-flight K          http(s): requests in flight at most (default 64); halves on 503/429
+  --min-in-flight K      http(s): ... but not below K (default 4)
+  --part-size BYTES      http(s): large objects download as ranged parts of BYTES (default 8388608)
+  --parts-in-flight P    http(s): parts of one object at once (default 4)
+  --ordered              http(s): objects delivered in shard order (default: as completed)
   --retries N            http(s): retries of one object after transient failures (default 8)
   --stall-seconds S      http(s): no byte for S seconds fails (and retries) a transfer (default 30)
   --ca-file FILE         https: trust this CA bundle instead of the system's
@@ -72,7 +77,9 @@ struct options {
     std::size_t chunk_size = 4u << 20;
     std::size_t channel_bytes = 64u << 20;
     bool map = false;
-    unsigned in_flight = 64, retries = 8, stall = 30;
+    unsigned in_flight = 64, retries = 8, stall = 30, min_in_flight = 4, parts_in_flight = 4;
+    std::uint64_t part_size = 8u << 20;
+    bool ordered = false;
     std::string ca_file;
     bool insecure = false;
     bool crc = true;
@@ -110,7 +117,7 @@ options parse(int argc, char** argv) {
         } else if (a == "--format") {
             o.format = value();
             if (o.format != "raw" && o.format != "lines" && o.format != "tar" && o.format != "tfrecord" &&
-                o.format != "recordio")
+                o.format != "recordio" && o.format != "chunks")
                 usage_error("unknown format '" + o.format + "'");
         } else if (a == "--on-corrupt") {
             const std::string v(value());
@@ -146,6 +153,16 @@ options parse(int argc, char** argv) {
         } else if (a == "--in-flight") {
             o.in_flight = number<unsigned>(a, value());
             if (o.in_flight == 0) usage_error("--in-flight must be at least 1");
+        } else if (a == "--min-in-flight") {
+            o.min_in_flight = number<unsigned>(a, value());
+        } else if (a == "--part-size") {
+            o.part_size = number<std::uint64_t>(a, value());
+            if (o.part_size == 0) usage_error("--part-size must be at least 1");
+        } else if (a == "--parts-in-flight") {
+            o.parts_in_flight = number<unsigned>(a, value());
+            if (o.parts_in_flight == 0) usage_error("--parts-in-flight must be at least 1");
+        } else if (a == "--ordered") {
+            o.ordered = true;
         } else if (a == "--retries") {
             o.retries = number<unsigned>(a, value());
         } else if (a == "--stall-seconds") {
@@ -182,6 +199,59 @@ std::uint64_t peak_rss_bytes() {
     return 0;
 }
 
+std::uint64_t total_counter(const sluice::pipeline_figures& f, const std::string& counter) {
+    std::uint64_t n = 0;
+    for (auto& st : f.stages)
+        for (auto& [name, v] : st.counters)
+            if (name == counter) n += v;
+    return n;
+}
+
+// --format chunks: the transfer alone, for measuring a source against curl or cat.
+template <class Source>
+int count_chunks(Source src, const options& o, bool http) {
+    sluice::pipeline p(src, {.runtime = {.cpu_threads = o.threads}});
+    std::uint64_t chunks = 0, bytes = 0, objects = 0;
+    int status = 0;
+    std::string failure;
+    try {
+        for (auto& c : p) {
+            ++chunks;
+            bytes += c.data.size();
+            objects += c.last;
+        }
+    } catch (const std::exception& e) {
+        failure = e.what();
+        status = 1;
+        std::cerr << "sluice-probe: " << failure << "\n";
+    }
+    p.stop();
+    const auto f = p.figures();
+    if (!o.quiet) std::cerr << f.table();
+    if (o.json) {
+        sluice::detail::json_writer w;
+        const double s = f.seconds > 0 ? f.seconds : 1e-9;
+        w.begin_object();
+        w.key("ok").value(status == 0);
+        if (status) w.key("error").value(failure);
+        w.key("objects").value(objects);
+        w.key("chunks").value(chunks);
+        w.key("payload_bytes").value(bytes);
+        w.key("seconds").value(f.seconds);
+        w.key("objects_per_s").value(double(objects) / s);
+        w.key("bytes_per_s").value(double(bytes) / s);
+        if (http)
+            for (auto c : {"requests", "parts", "retries", "resumes", "throttled"}) w.key(c).value(total_counter(f, c));
+        w.key("peak_rss_bytes").value(peak_rss_bytes());
+        w.key("bottleneck").value(f.bottleneck());
+        w.key("stages");
+        f.write_stages(w);
+        w.end_object();
+        std::cout << w.str() << std::endl;
+    }
+    return status;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -191,13 +261,18 @@ int main(int argc, char** argv) {
     auto shards = sluice::list(o.sources) |
                   sluice::plan({.epochs = o.epochs, .seed = o.seed, .rank = o.rank, .world = o.world});
     auto src = http ? shards | sluice::fetch({.in_flight = o.in_flight,
+                                              .min_in_flight = o.min_in_flight,
+                                              .order = o.ordered ? sluice::ordering::ordered : sluice::ordering::unordered,
                                               .chunk_size = std::min<std::size_t>(o.chunk_size, 1u << 20),
+                                              .part_size = o.part_size,
+                                              .parts_in_flight = o.parts_in_flight,
                                               .retries = o.retries,
                                               .stall = std::chrono::seconds(o.stall),
                                               .ca_file = o.ca_file,
                                               .insecure = o.insecure,
                                               .out = {16, o.channel_bytes}})
                     : shards | sluice::read({.chunk_size = o.chunk_size, .map = o.map, .out = {16, o.channel_bytes}});
+    if (o.format == "chunks") return count_chunks(src, o, http);
     const sluice::decode_options decode{.on_corrupt = o.on_corrupt, .out = {1024, o.channel_bytes}};
     auto records = o.format == "raw"        ? src | sluice::raw({64, o.channel_bytes})
                    : o.format == "tar"      ? src | sluice::tar(decode)
@@ -255,13 +330,7 @@ int main(int argc, char** argv) {
         w.key("seconds").value(f.seconds);
         w.key("records_per_s").value(double(n_records) / s);
         w.key("bytes_per_s").value(double(payload) / s);
-        auto total = [&](const std::string& counter) {
-            std::uint64_t n = 0;
-            for (auto& st : f.stages)
-                for (auto& [name, v] : st.counters)
-                    if (name == counter) n += v;
-            return n;
-        };
+        auto total = [&](const std::string& counter) { return total_counter(f, counter); };
         w.key("corrupt_skipped").value(total("corrupt"));
         if (http) {
             w.key("requests").value(total("requests"));

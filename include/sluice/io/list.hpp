@@ -8,7 +8,9 @@
 #include <glob.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -78,10 +80,27 @@ inline void expand_local(const std::string& path, std::vector<std::string>& out)
 /// `[...]`, sorted by bytes) and directories, named or matched (their regular files,
 /// recursively, sorted by bytes).
 /// `file://` prefixes are dropped; other URLs (http://, s3://) get brace expansion only.
-/// Throws sluice::source_error naming the pattern when a glob matches nothing.
+/// `@FILE` reads patterns from FILE, one per line (blank lines and `#` comments skipped),
+/// each expanded as above: a list of URLs or paths kept beside the dataset.
+/// Throws sluice::source_error naming the pattern when a glob matches nothing, or the
+/// file when a list file cannot be read.
 inline std::vector<std::string> expand(const std::vector<std::string>& patterns) {
     std::vector<std::string> out;
     for (const auto& p : patterns) {
+        if (p.starts_with("@")) {
+            const std::string file = p.substr(1);
+            std::ifstream in(file);
+            if (!in) throw source_error(file, "cannot read the list file", {errno, std::generic_category()});
+            std::vector<std::string> listed;
+            for (std::string line; std::getline(in, line);) {
+                while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) line.pop_back();
+                const auto start = line.find_first_not_of(" \t");
+                if (start == std::string::npos || line[start] == '#') continue;
+                listed.push_back(line.substr(start));
+            }
+            for (auto& e : expand(listed)) out.push_back(std::move(e));
+            continue;
+        }
         for (auto& e : detail::expand_braces(p)) {
             if (e.rfind("file://", 0) == 0) e.erase(0, 7);
             if (detail::has_scheme(e)) out.push_back(std::move(e));
@@ -92,7 +111,7 @@ inline std::vector<std::string> expand(const std::vector<std::string>& patterns)
 }
 
 /// Takes: patterns (paths, globs, brace ranges like `shard-{000..127}.tar`, directories,
-/// URLs). Gives: one path or URL per item, in pattern order.
+/// URLs, `@list-file`). Gives: one path or URL per item, in pattern order.
 /// Backpressure: suspends while downstream is full.
 /// Errors: a glob that matches nothing is sent downstream as sluice::source_error naming
 /// the pattern.

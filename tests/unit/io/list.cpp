@@ -50,3 +50,14 @@ TEST_CASE("list is a source of paths", "[list]") {
     for (auto& s : sluice::pipeline(sluice::list({d / "x{1..2}"}))) got.push_back(s);
     REQUIRE(got == V{d / "x1", d / "x2"});
 }
+
+TEST_CASE("@FILE lists paths and URLs, one pattern per line", "[list]") {
+    sluice_test::temp_dir d;
+    d.write("a.txt", "x");
+    d.write("b.txt", "y");
+    const auto listing = d.write("urls.txt", "# the training set\nhttp://h/{0..1}.tar\n\n  " + (d / "*.txt") + "  \r\n");
+    const auto got = sluice::expand({"@" + listing});
+    REQUIRE(got == std::vector<std::string>{"http://h/0.tar", "http://h/1.tar", d / "a.txt", d / "b.txt", d / "urls.txt"});
+    REQUIRE_THROWS_WITH(sluice::expand({"@" + (d / "missing.txt")}),
+                        "sluice: cannot read the list file '" + (d / "missing.txt") + "': No such file or directory");
+}
