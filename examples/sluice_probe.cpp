@@ -257,7 +257,18 @@ int count_chunks(Source src, const options& o, bool http) {
 int main(int argc, char** argv) {
     const options o = parse(argc, argv);
 
-    const bool http = o.sources.front().starts_with("http://") || o.sources.front().starts_with("https://");
+    // http(s) sources go through fetch(), local ones through read(); one kind per run.
+    std::vector<std::string> expanded;
+    try {
+        expanded = sluice::expand(o.sources);
+    } catch (const std::exception& e) {
+        std::cerr << "sluice-probe: " << e.what() << "\n";
+        return 1;
+    }
+    auto is_http = [](const std::string& u) { return u.starts_with("http://") || u.starts_with("https://"); };
+    const bool http = !expanded.empty() && is_http(expanded.front());
+    for (auto& u : expanded)
+        if (is_http(u) != http) usage_error("sources must be all local paths or all http(s) URLs");
     auto shards = sluice::list(o.sources) |
                   sluice::plan({.epochs = o.epochs, .seed = o.seed, .rank = o.rank, .world = o.world});
     auto src = http ? shards | sluice::fetch({.in_flight = o.in_flight,

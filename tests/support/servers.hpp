@@ -102,10 +102,21 @@ inline std::string slurp_file(const std::string& p) {
     return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
-/// nginx serving `root` on 127.0.0.1:port.
+/// nginx serving `root` on 127.0.0.1:port; with `tls`, HTTPS (HTTP/2 offered) with a
+/// self-signed certificate for 127.0.0.1 made by the openssl CLI (its path: ca_file()).
+/// `extra` goes into the server block (redirects...).
 class nginx_server {
 public:
-    explicit nginx_server(const std::string& root) {
+    explicit nginx_server(const std::string& root, bool tls = false, const std::string& extra = "") : tls_(tls) {
+        std::string ssl;
+        if (tls) {
+            const auto key = dir_ / "key.pem";
+            cert_ = dir_ / "cert.pem";
+            auto r = run({"/usr/bin/env", "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
+                          "-out", cert_, "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"});
+            if (r.status != 0) throw std::runtime_error("openssl: " + r.err);
+            ssl = "    ssl_certificate " + cert_ + ";\n    ssl_certificate_key " + key + ";\n";
+        }
         // Workers drop privileges when run as root: serve as root so a private 0700
         // temporary folder is readable.
         port_ = free_port();
@@ -117,8 +128,9 @@ public:
                             << "  client_body_temp_path " << (dir_ / "tmp") << ";\n  proxy_temp_path " << (dir_ / "tmp")
                             << ";\n  fastcgi_temp_path " << (dir_ / "tmp") << ";\n  uwsgi_temp_path " << (dir_ / "tmp")
                             << ";\n  scgi_temp_path " << (dir_ / "tmp") << ";\n"
-                            << "  server {\n    listen 127.0.0.1:" << port_ << ";\n    root " << root
-                            << ";\n    location /forbidden/ { deny all; }\n  }\n}\n";
+                            << "  server {\n    listen 127.0.0.1:" << port_ << (tls ? " ssl http2" : "") << ";\n" << ssl
+                            << "    root " << root << ";\n    location /forbidden/ { deny all; }\n" << extra
+                            << "  }\n}\n";
         std::filesystem::create_directories(dir_.path() / "tmp");
         proc_ = std::make_unique<child>(
             std::vector<std::string>{"nginx", "-p", dir_.path().string(), "-c", conf, "-e", dir_ / "error.log"},
@@ -130,11 +142,16 @@ public:
         }
         if (!accepts(port_)) throw std::runtime_error("nginx did not start: " + slurp_file(dir_ / "error.log"));
     }
-    std::string url(const std::string& path) const { return "http://127.0.0.1:" + std::to_string(port_) + "/" + path; }
+    std::string url(const std::string& path) const {
+        return std::string(tls_ ? "https" : "http") + "://127.0.0.1:" + std::to_string(port_) + "/" + path;
+    }
     int port() const { return port_; }
+    const std::string& ca_file() const { return cert_; }
 
 private:
     temp_dir dir_;
+    bool tls_ = false;
+    std::string cert_;
     int port_ = 0;
     std::unique_ptr<child> proc_;
 };

@@ -26,15 +26,30 @@ public:
     /// `where` qualifies the offset, e.g. "of the uncompressed stream".
     source_error(std::string url, const std::string& what, std::error_code code = {},
                  std::uint64_t offset = npos, const std::string& where = {})
-        : error(format(url, what, code, offset, where), code), url_(std::move(url)), offset_(offset) {}
+        : error(format(url, what, code, offset, where), code), url_(redact(url)), offset_(offset) {}
     static constexpr std::uint64_t npos = ~std::uint64_t{0};
+    /// The path or URL, redacted as in the message.
     const std::string& url() const noexcept { return url_; }
     std::uint64_t offset() const noexcept { return offset_; }
+
+    /// The URL as messages show it: without user:password@ and without the query string
+    /// (presigned URLs carry their signature there), so no credential reaches a log.
+    static std::string redact(const std::string& url) {
+        const auto scheme = url.find("://");
+        if (scheme == std::string::npos) return url;  // a local path
+        std::string out = url;
+        const auto query = out.find('?', scheme + 3);
+        if (query != std::string::npos) out = out.substr(0, query) + "?...";
+        const auto host_end = out.find_first_of("/?", scheme + 3);
+        const auto at = out.rfind('@', host_end == std::string::npos ? out.size() : host_end);
+        if (at != std::string::npos && at > scheme) out.erase(scheme + 3, at - (scheme + 3) + 1);
+        return out;
+    }
 
 private:
     static std::string format(const std::string& url, const std::string& what,
                               std::error_code code, std::uint64_t offset, const std::string& where) {
-        std::string s = "sluice: " + what + " '" + url + "'";
+        std::string s = "sluice: " + what + " '" + redact(url) + "'";
         if (offset != npos) s += " at byte " + std::to_string(offset);
         if (offset != npos && !where.empty()) s += " " + where;
         if (code) s += ": " + code.message();

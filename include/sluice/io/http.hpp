@@ -73,12 +73,13 @@ inline bool retryable_curl(CURLcode c) {
     case CURLE_HTTP2:
     case CURLE_HTTP2_STREAM:
     case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_WEIRD_SERVER_REPLY:
         return true;
     default:
         return false;
     }
 }
-inline bool retryable_status(long s) { return s == 429 || s == 500 || s == 502 || s == 503 || s == 504; }
+inline bool retryable_status(long s) { return s == 408 || s == 429 || s == 500 || s == 502 || s == 503 || s == 504; }
 
 /// Waits on the coroutine's executor.
 struct sleep_for {
@@ -227,7 +228,7 @@ struct fetch_state {
         req.max_redirects = o.max_redirects;
         req.verify_tls = !o.insecure;
         req.ca_file = o.ca_file;
-        req.mem = ctx.rt.buffers().get();
+        req.mem = ctx.rt.buffers();  // shared: the engine's thread may outlive this pipeline's runtime
         p.t = std::make_shared<http_transfer>(std::move(req));
         requests.fetch_add(1, std::memory_order_relaxed);
         eng.add(p.t);
@@ -258,129 +259,179 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
         if (!s) break;
         auto src = std::make_shared<const shard>(std::move(*s));
         bool my_turn = !ctx.turn;  // ordered: hand on nothing before the objects before
-        std::uint64_t offset = 0;  // of the next byte to deliver
-        std::uint64_t total = http_request::npos;
-        std::uint64_t next_from = part_size;  // of the next part to start
-        std::string etag;
-        std::deque<http_part> parts;
-        // Abandons the transfers still open if the worker unwinds (the pipeline stopped).
-        struct abandon {
-            curl_engine& eng;
-            std::deque<http_part>& parts;
-            aimd_limit& lim;
-            ~abandon() {
-                for (auto& p : parts) {
-                    if (p.t) eng.cancel(p.t);
-                    if (p.permit) lim.release(p.seq, false, false);
+        std::exception_ptr failed;
+        try {
+            std::uint64_t offset = 0;  // of the next byte to deliver
+            std::uint64_t total = http_request::npos;
+            std::uint64_t next_from = part_size;  // of the next part to start
+            std::string etag;                     // strong ETags only: If-Match compares strongly
+            std::deque<http_part> parts;
+            // Abandons the transfers still open if the worker unwinds (the pipeline stopped).
+            struct abandon {
+                curl_engine& eng;
+                std::deque<http_part>& parts;
+                aimd_limit& lim;
+                ~abandon() {
+                    for (auto& p : parts) {
+                        if (p.t) eng.cancel(p.t);
+                        if (p.permit) lim.release(p.seq, false, false);
+                    }
                 }
-            }
-        } guard{*eng, parts, *lim};
-        // Holding nothing else, a blocking wait is safe here. Not when ordered: a later
-        // object may hold permits while it waits for this one's turn, so the object
-        // whose turn may be next must not wait for them.
-        bool first_permit = true;
-        std::uint64_t first_seq = 0;
-        if (ctx.turn) first_permit = lim->try_acquire(&first_seq);
-        else co_await lim->acquire(&first_seq);
-        // The first request asks for one part: its answer gives the object's size, and
-        // the other parts then download in parallel, `parts_in_flight` at a time.
-        parts.push_back(http_part{0, o.parallel_parts ? part_size - 1 : http_request::npos, {}, first_permit, first_seq});
-        fs.start(parts.front(), src->url, "");
-        std::uint64_t seq = 0;
-        auto refill = [&] {
-            while (total != http_request::npos && next_from < total && parts.size() < std::max(1u, o.parts_in_flight) &&
-                   lim->try_acquire(&seq)) {
-                http_part p{next_from, std::min(total, next_from + part_size) - 1, {}, true, seq};
+            } guard{*eng, parts, *lim};
+            // Holding nothing else, a blocking wait is safe here. Not when ordered: a later
+            // object may hold permits while it waits for this one's turn, so the object
+            // whose turn may be next must not wait for them.
+            bool first_permit = true;
+            std::uint64_t first_seq = 0;
+            if (ctx.turn) first_permit = lim->try_acquire(&first_seq);
+            else co_await lim->acquire(&first_seq);
+            // The first request asks for one part: its answer gives the object's size, and
+            // the other parts then download in parallel, `parts_in_flight` at a time.
+            parts.push_back(http_part{0, o.parallel_parts ? part_size - 1 : http_request::npos, {}, first_permit, first_seq});
+            fs.start(parts.front(), src->url, "");
+            std::uint64_t seq = 0;
+            auto more_parts = [&] { return total != http_request::npos && next_from < total; };
+            auto add_part = [&](bool permit) {
+                http_part p{next_from, std::min(total, next_from + part_size) - 1, {}, permit, permit ? seq : 0};
                 next_from = p.to + 1;
                 fs.start(p, src->url, etag);
                 parts_counter.fetch_add(1, std::memory_order_relaxed);
                 parts.push_back(std::move(p));
-            }
-        };
-        unsigned attempt = 0;
-        bool first_response = true;
-        while (!parts.empty()) {
-            http_part& p = parts.front();
-            for (;;) {
-                next_http_event ev{*p.t, {}};  // named: see io/local.hpp on g++ 12 and braced temporaries
-                auto data = co_await ev;
-                if (!data) break;
-                if (first_response) {
-                    first_response = false;
-                    etag = p.t->etag;
-                    if (p.t->ranged_ignored) {  // no range support: the whole object in one
-                        p.to = http_request::npos;
-                    } else if (p.to != http_request::npos) {
-                        total = p.t->total;
-                        refill();
+            };
+            auto refill = [&] {
+                while (more_parts() && parts.size() < std::max(1u, o.parts_in_flight) && lim->try_acquire(&seq))
+                    add_part(true);
+            };
+            // The server stopped honouring ranges: what this part gives runs to the end of
+            // the object, so the parts after it must not also deliver it.
+            auto whole_from_here = [&](http_part& p) {
+                while (parts.size() > 1) {
+                    auto& q = parts.back();
+                    eng->cancel(q.t);
+                    release(q, false, false);
+                    parts.pop_back();
+                }
+                next_from = total;
+                p.to = http_request::npos;
+            };
+            unsigned attempt = 0;
+            bool first_response = true;
+            while (!parts.empty() || more_parts()) {
+                if (parts.empty()) {  // no permit was free for the next part: it goes next anyway
+                    if (!ctx.turn && lim->try_acquire(&seq)) add_part(true);
+                    else add_part(false);
+                }
+                http_part& p = parts.front();
+                for (;;) {
+                    next_http_event ev{*p.t, {}};  // named: see io/local.hpp on g++ 12 and braced temporaries
+                    auto data = co_await ev;
+                    if (!data) break;
+                    http_transfer& t = *p.t;
+                    if (first_response) {
+                        first_response = false;
+                        if (!t.etag.starts_with("W/")) etag = t.etag;
+                        if (t.ranged_ignored) {  // no range support: the whole object in one
+                            p.to = http_request::npos;
+                        } else if (p.to != http_request::npos) {
+                            total = t.total;  // npos when the server did not say
+                            refill();
+                        }
+                    } else if (!etag.empty() && !t.etag.empty() && t.etag != etag) {
+                        throw source_error(src->url, "object changed while downloading (ETag " + etag + " became " +
+                                                         t.etag + ") from", {}, offset);
+                    } else if (t.ranged_ignored && p.to != http_request::npos) {
+                        whole_from_here(p);
                     }
-                } else if (!etag.empty() && !p.t->etag.empty() && p.t->etag != etag) {
-                    throw source_error(src->url, "object changed while downloading (ETag " + etag + " became " +
-                                                     p.t->etag + ") from", {}, offset);
+                    if (t.status == 206 && t.range_start != p.from && t.range_start != http_request::npos)
+                        throw source_error(src->url, "the server answered bytes from " + std::to_string(t.range_start) +
+                                                         " to a request for bytes from " + std::to_string(p.from) + " of", {},
+                                           offset);
+                    chunk c{src, offset, std::move(*data), false, false};
+                    offset += c.data.size();
+                    if (!my_turn) {
+                        co_await ctx.turn->wait(ticket);
+                        my_turn = true;
+                    }
+                    co_await ctx.out.send(std::move(c));
+                    eng->resume(p.t);
+                    refill();  // permits freed since: start more parts
                 }
-                chunk c{src, offset, std::move(*data), false, false};
-                offset += c.data.size();
-                if (!my_turn) {
-                    co_await ctx.turn->wait(ticket);
-                    my_turn = true;
+                http_transfer& t = *p.t;
+                const bool ok = t.result == CURLE_OK && t.status >= 200 && t.status < 300;
+                release(p, ok, t.result == CURLE_OK && (t.status == 503 || t.status == 429));
+                const bool empty_object = t.result == CURLE_OK && t.status == 416 && offset == 0 && t.total == 0;
+                // All of the part (or of the object) has arrived, whatever the ending says.
+                const bool have_all = (p.to != http_request::npos && offset > p.to) ||
+                                      (total != http_request::npos && offset >= total);
+                if (ok || empty_object || have_all) {
+                    if (first_response) {  // an empty body: nothing above gave the size
+                        first_response = false;
+                        if (!t.etag.starts_with("W/")) etag = t.etag;
+                        total = empty_object ? 0 : t.total;
+                        if (!t.ranged_ignored && p.to != http_request::npos) refill();
+                    }
+                    // 200 (not 206): the server sent the object to its end, whatever was asked.
+                    const bool part_done = p.to == http_request::npos || t.status == 200 || have_all || empty_object;
+                    if (part_done) {
+                        parts.pop_front();
+                        attempt = 0;
+                        refill();
+                        continue;
+                    }
+                    if (ok && t.status == 206 && total == http_request::npos && offset == p.to + 1) {
+                        // A range answered with an unknown total: go on with the rest in one.
+                        p.from = offset;
+                        p.to = http_request::npos;
+                        fs.start(p, src->url, etag);
+                        continue;
+                    }
+                    // A 2xx that ended early (a server that closes cleanly mid-part): resume.
+                    if (attempt >= o.retries)
+                        throw source_error(src->url, "cannot fetch (the body ended early, " + std::to_string(attempt + 1) +
+                                                         " attempts)", {}, offset);
+                } else if (t.result == CURLE_OK && t.status == 412 && !etag.empty()) {
+                    throw source_error(src->url, "object changed while downloading (If-Match " + etag + " failed) from",
+                                       {}, offset);
+                } else {
+                    const bool transient = t.result != CURLE_OK ? retryable_curl(t.result) : retryable_status(t.status);
+                    if (!transient || attempt >= o.retries) {
+                        std::string what = http_failure(t);
+                        if (transient) what += " after " + std::to_string(attempt + 1) + " attempts";
+                        throw source_error(src->url, "cannot fetch (" + what + ")", {}, offset ? offset : source_error::npos);
+                    }
+                    if (t.status == 503 || t.status == 429) throttled.fetch_add(1, std::memory_order_relaxed);
                 }
-                co_await ctx.out.send(std::move(c));
-                eng->resume(p.t);
-                refill();  // permits freed since: start more parts
+                if (offset > p.from) resumes.fetch_add(1, std::memory_order_relaxed);
+                retries.fetch_add(1, std::memory_order_relaxed);
+                // Full jitter: a uniform wait up to min(cap, base * 2^attempt).
+                const auto ceiling =
+                    std::min<long long>(o.backoff_cap.count(), o.backoff_base.count() << std::min(attempt, 20u));
+                ++attempt;
+                const auto wait =
+                    std::chrono::milliseconds(ceiling > 0 ? jitter() % static_cast<unsigned long long>(ceiling + 1) : 0);
+                sleep_for pause{wait, {}};
+                co_await pause;
+                p.from = offset;  // resume this part where it stopped, the same version only
+                fs.start(p, src->url, offset || !first_response ? etag : "");
             }
-            http_transfer& t = *p.t;
-            const bool ok = t.result == CURLE_OK && t.status >= 200 && t.status < 300;
-            release(p, ok, t.result == CURLE_OK && (t.status == 503 || t.status == 429));
-            const bool empty_object = t.result == CURLE_OK && t.status == 416 && offset == 0 && t.total == 0;
-            if (ok || empty_object) {
-                if (first_response) {  // an empty body: nothing above gave the size
-                    first_response = false;
-                    etag = t.etag;
-                    total = empty_object ? 0 : t.total;
-                    if (!t.ranged_ignored && p.to != http_request::npos) refill();
-                }
-                // 200 (not 206): the server sent the object to its end, whatever was asked.
-                const bool part_done = p.to == http_request::npos || t.status == 200 || offset == p.to + 1 || empty_object ||
-                                       (total != http_request::npos && offset >= total);
-                if (part_done) {
-                    parts.pop_front();
-                    attempt = 0;
-                    refill();
-                    continue;
-                }
-                // A 2xx that ended early (a server that closes cleanly mid-part): resume.
-                if (attempt >= o.retries)
-                    throw source_error(src->url, "cannot fetch (the body ended early, " + std::to_string(attempt + 1) +
-                                                     " attempts)", {}, offset);
-            } else if (t.result == CURLE_OK && t.status == 412 && !etag.empty()) {
-                throw source_error(src->url, "object changed while downloading (If-Match " + etag + " failed) from", {},
-                                   offset);
-            } else {
-                const bool transient = t.result != CURLE_OK ? retryable_curl(t.result) : retryable_status(t.status);
-                if (!transient || attempt >= o.retries) {
-                    std::string what = http_failure(t);
-                    if (transient) what += " after " + std::to_string(attempt + 1) + " attempts";
-                    throw source_error(src->url, "cannot fetch (" + what + ")", {}, offset ? offset : source_error::npos);
-                }
-                if (t.status == 503 || t.status == 429) throttled.fetch_add(1, std::memory_order_relaxed);
+            if (total != http_request::npos && offset != total)
+                throw source_error(src->url, "cannot fetch (" + std::to_string(offset) + " of " + std::to_string(total) +
+                                                 " bytes arrived)", {}, offset);
+            chunk last{src, offset, {}, true, false};
+            if (!my_turn) {
+                co_await ctx.turn->wait(ticket);
+                my_turn = true;
             }
-            if (offset > p.from) resumes.fetch_add(1, std::memory_order_relaxed);
-            retries.fetch_add(1, std::memory_order_relaxed);
-            // Full jitter: a uniform wait up to min(cap, base * 2^attempt).
-            const auto ceiling =
-                std::min<long long>(o.backoff_cap.count(), o.backoff_base.count() << std::min(attempt, 20u));
-            ++attempt;
-            const auto wait =
-                std::chrono::milliseconds(ceiling > 0 ? jitter() % static_cast<unsigned long long>(ceiling + 1) : 0);
-            sleep_for pause{wait, {}};
-            co_await pause;
-            p.from = offset;  // resume this part where it stopped, the same version only
-            fs.start(p, src->url, offset || !first_response ? etag : "");
+            co_await ctx.out.send(std::move(last));
+            if (ctx.turn) ctx.turn->done(ticket);
+        } catch (...) {
+            failed = std::current_exception();
         }
-        chunk last{src, offset, {}, true, false};
-        if (!my_turn) co_await ctx.turn->wait(ticket);
-        co_await ctx.out.send(std::move(last));
-        if (ctx.turn) ctx.turn->done(ticket);
+        if (failed) {
+            // Ordered: the error follows every object before this one.
+            if (ctx.turn && !my_turn && !is_stop(failed)) co_await ctx.turn->wait(ticket);
+            std::rethrow_exception(failed);
+        }
     }
 }
 

@@ -84,21 +84,32 @@ inline void expand_local(const std::string& path, std::vector<std::string>& out)
 /// each expanded as above: a list of URLs or paths kept beside the dataset.
 /// Throws sluice::source_error naming the pattern when a glob matches nothing, or the
 /// file when a list file cannot be read.
-inline std::vector<std::string> expand(const std::vector<std::string>& patterns) {
+inline std::vector<std::string> expand(const std::vector<std::string>& patterns, int depth = 0) {
     std::vector<std::string> out;
     for (const auto& p : patterns) {
         if (p.starts_with("@")) {
             const std::string file = p.substr(1);
+            if (depth >= 8) throw source_error(file, "list files nested too deep (a loop?) at");
+            errno = 0;
             std::ifstream in(file);
-            if (!in) throw source_error(file, "cannot read the list file", {errno, std::generic_category()});
+            if (!in)
+                throw source_error(file, "cannot read the list file",
+                                   errno ? std::error_code(errno, std::generic_category())
+                                         : std::make_error_code(std::errc::no_such_file_or_directory));
+            // Relative local entries are relative to the list file, as beside a dataset.
+            const auto dir = std::filesystem::path(file).parent_path();
             std::vector<std::string> listed;
             for (std::string line; std::getline(in, line);) {
                 while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t')) line.pop_back();
                 const auto start = line.find_first_not_of(" \t");
                 if (start == std::string::npos || line[start] == '#') continue;
-                listed.push_back(line.substr(start));
+                std::string entry = line.substr(start);
+                const bool local = !detail::has_scheme(entry) && !entry.starts_with("file://");
+                if (local && !entry.starts_with("/") && !entry.starts_with("@") && !dir.empty())
+                    entry = (dir / entry).string();
+                listed.push_back(std::move(entry));
             }
-            for (auto& e : expand(listed)) out.push_back(std::move(e));
+            for (auto& e : expand(listed, depth + 1)) out.push_back(std::move(e));
             continue;
         }
         for (auto& e : detail::expand_braces(p)) {

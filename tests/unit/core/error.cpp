@@ -12,3 +12,11 @@ TEST_CASE("a source error names the path, the offset and the cause", "[error]") 
     sluice::source_error no_offset("x", "cannot open");
     REQUIRE(std::string(no_offset.what()) == "sluice: cannot open 'x'");
 }
+
+TEST_CASE("source errors never show credentials of a URL", "[error]") {
+    sluice::source_error e("https://user:s3cret@host.example/bucket/key.tar?X-Amz-Signature=abc&X-Amz-Credential=AKIA", "cannot fetch (HTTP 403)");
+    const std::string m = e.what();
+    REQUIRE(m == "sluice: cannot fetch (HTTP 403) 'https://host.example/bucket/key.tar?...'");
+    REQUIRE(e.url() == "https://host.example/bucket/key.tar?...");
+    REQUIRE(sluice::source_error("data/a@b.txt", "x").url() == "data/a@b.txt");  // local paths as they are
+}

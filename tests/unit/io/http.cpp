@@ -169,6 +169,11 @@ TEST_CASE("fetch: a slow consumer of a 2 GiB object pauses the download instead 
     }
     REQUIRE(bytes == std::uint64_t{2} << 30);
     INFO("RSS grew by " << ((peak - before) >> 20) << " MiB");
+#if defined(__SANITIZE_ADDRESS__)
+    WARN("[skipped] RSS bound: ASan's quarantine keeps freed buffers resident (RSS grew by "
+         << ((peak - before) >> 20) << " MiB); checked in the plain and TSan builds");
+    return;
+#endif
     // channel (4 MiB) + two chunks per request (4 parts in flight) + curl's buffers
     REQUIRE(peak - before < (48u << 20));
 }
@@ -263,4 +268,90 @@ TEST_CASE("fetch: 503s shrink the in-flight limit; ordered delivery keeps the sh
     REQUIRE(counter(f, "fetch", "throttled") > 50);
     REQUIRE(counter(f, "fetch", "in_flight_limit") < 32);  // halved by 503s, not yet grown back
     REQUIRE(counter(f, "fetch", "in_flight_limit") >= 4);  // not below min_in_flight
+}
+
+TEST_CASE("fetch: https is verified by default; a CA file or an explicit insecure option let it through", "[http][tls]") {
+    sluice_test::temp_dir www;
+    www.write("a.bin", "over TLS");
+    sluice_test::nginx_server nginx(www.path().string(), /*tls=*/true);
+    auto get = [&](sluice::fetch_options o) {
+        o.backoff_base = std::chrono::milliseconds(1);
+        sluice::pipeline p(sluice::list(nginx.url("a.bin")) | sluice::plan() | sluice::fetch(o) | sluice::raw());
+        std::string body;
+        for (auto& r : p) body = std::string(r.data.view());
+        return std::pair{body, counter(p.figures(), "fetch", "retries")};
+    };
+    try {
+        get({});
+        FAIL("a self-signed certificate was accepted");
+    } catch (const sluice::source_error& e) {
+        const std::string m = e.what();
+        INFO(m);
+        REQUIRE(m.starts_with("sluice: cannot fetch (SSL peer certificate or SSH remote key was not OK"));
+        REQUIRE(m.ends_with("'" + nginx.url("a.bin") + "'"));  // not retried: no "after N attempts"
+    }
+    REQUIRE(get({.ca_file = nginx.ca_file()}).first == "over TLS");
+    REQUIRE(get({.insecure = true}).first == "over TLS");
+}
+
+TEST_CASE("fetch: redirects are followed up to the limit; malformed URLs fail at once", "[http][errors]") {
+    sluice_test::temp_dir www;
+    www.write("new.bin", "moved here");
+    sluice_test::nginx_server nginx(www.path().string(), false,
+                                    "    location = /old.bin { return 301 /new.bin; }\n"
+                                    "    location = /loop.bin { return 302 /loop.bin; }\n");
+    {
+        sluice::pipeline p(sluice::list(nginx.url("old.bin")) | sluice::plan() | sluice::fetch() | sluice::raw());
+        std::vector<std::string> got;
+        for (auto& r : p) got.emplace_back(r.data.view());
+        REQUIRE(got == std::vector<std::string>{"moved here"});
+    }
+    {
+        sluice::pipeline p(sluice::list(nginx.url("loop.bin")) | sluice::plan() | sluice::fetch({.max_redirects = 3}));
+        REQUIRE_THROWS_WITH(p.next_blocking(), Catch::Matchers::StartsWith("sluice: cannot fetch (Number of redirects hit maximum amount"));
+    }
+    {
+        sluice::pipeline p(sluice::list("http://[::1/x.bin") | sluice::plan() | sluice::fetch());
+        REQUIRE_THROWS_WITH(p.next_blocking(), Catch::Matchers::StartsWith("sluice: cannot fetch (URL using bad/illegal format or missing URL"));
+        REQUIRE(counter(p.figures(), "fetch", "retries") == 0);
+    }
+}
+
+TEST_CASE("fetch: many large objects through a small request budget arrive whole", "[http][parts]") {
+    sluice_test::temp_dir www;
+    sluice::detail::rng r(sluice_test::test_seed());
+    std::map<std::string, std::string> want;
+    sluice_test::nginx_server nginx(www.path().string());
+    for (int i = 0; i < 6; ++i) {
+        const std::string name = "big" + std::to_string(i) + ".bin";
+        const std::string body = random_bytes(r, (3 << 20) + static_cast<std::size_t>(i) * 1000);
+        www.write(name, body);
+        want[nginx.url(name)] = body;
+    }
+    // 2 permits for 6 objects of 4 parts: most parts start without a free permit.
+    sluice::pipeline p(sluice::list(nginx.url("big{0..5}.bin")) | sluice::plan() |
+                       sluice::fetch({.in_flight = 2, .min_in_flight = 1, .chunk_size = 128 << 10, .part_size = 1 << 20}) |
+                       sluice::raw());
+    std::map<std::string, std::string> got;
+    for (auto& rec : p) got[rec.source->url] = std::string(rec.data.view());
+    REQUIRE(got == want);
+}
+
+TEST_CASE("fetch: ordered, an error reaches the consumer after every object before it", "[http][errors]") {
+    sluice_test::temp_dir www;
+    for (int i = 0; i < 20; ++i)
+        if (i != 12) www.write("f" + std::to_string(100 + i) + ".txt", "object " + std::to_string(i) + "\n");
+    sluice_test::nginx_server nginx(www.path().string());
+    sluice::pipeline p(sluice::list(nginx.url("f{100..119}.txt")) | sluice::plan() |
+                       sluice::fetch({.in_flight = 8, .order = sluice::ordering::ordered}) | sluice::lines());
+    std::vector<std::string> got;
+    std::string error;
+    try {
+        for (auto& rec : p) got.emplace_back(rec.data.view());
+    } catch (const sluice::source_error& e) {
+        error = e.what();
+    }
+    REQUIRE(error == "sluice: cannot fetch (HTTP 404) '" + nginx.url("f112.txt") + "'");
+    REQUIRE(got.size() == 12);
+    for (std::size_t i = 0; i < got.size(); ++i) REQUIRE(got[i] == "object " + std::to_string(i));
 }

@@ -61,3 +61,13 @@ TEST_CASE("@FILE lists paths and URLs, one pattern per line", "[list]") {
     REQUIRE_THROWS_WITH(sluice::expand({"@" + (d / "missing.txt")}),
                         "sluice: cannot read the list file '" + (d / "missing.txt") + "': No such file or directory");
 }
+
+TEST_CASE("@FILE: relative entries are relative to the list file; a loop is an error", "[list]") {
+    sluice_test::temp_dir d;
+    d.write("sub/x.bin", "x");
+    d.write("sub/list.txt", "x.bin\n");
+    REQUIRE(sluice::expand({"@" + (d / "sub/list.txt")}) == std::vector<std::string>{d / "sub/x.bin"});
+    d.write("loop.txt", "@" + (d / "loop.txt") + "\n");
+    REQUIRE_THROWS_WITH(sluice::expand({"@" + (d / "loop.txt")}),
+                        Catch::Matchers::StartsWith("sluice: list files nested too deep (a loop?) at '"));
+}

@@ -105,6 +105,9 @@ public:
                 offset_ += n;
                 return true;
             }
+            // Nothing of it here yet: wait, so that a record lying whole in the next chunk
+            // is a slice of it rather than a copy.
+            if (stash_.empty() && chunk_left() == 0) return false;
             assembling_ = true;
             have_ = std::min(n, stash_.size());
             if (have_) parts_.push_back(bytes::copy_of(std::span(stash_.data(), have_)));

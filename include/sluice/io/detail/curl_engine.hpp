@@ -50,7 +50,7 @@ struct http_request {
     long max_redirects = 5;
     bool verify_tls = true;
     std::string ca_file;
-    buffer_source* mem = nullptr;
+    std::shared_ptr<buffer_source> mem;  // shared: a transfer may outlive its pipeline's runtime
 };
 
 /// One transfer, shared by the engine's thread and the coroutine reading it.
@@ -70,7 +70,8 @@ struct http_transfer {
     CURLcode result = CURLE_OK;
     long status = 0;
     std::string etag;
-    std::uint64_t total = http_request::npos;  // the object's size, from Content-Range
+    std::uint64_t total = http_request::npos;        // the object's size, from Content-Range
+    std::uint64_t range_start = http_request::npos;  // where the answered range starts
     std::string error_body;  // the start of an error reply's body (S3's XML code...)
     char errbuf[CURL_ERROR_SIZE] = {};
 
@@ -166,10 +167,11 @@ private:
                 if (msg->msg != CURLMSG_DONE) continue;
                 auto it = live_.find(msg->easy_handle);
                 if (it == live_.end()) continue;
+                const CURLcode result = msg->data.result;  // msg is invalid once the handle is removed
                 auto t = it->second;
                 live_.erase(it);
                 curl_multi_remove_handle(multi_, t->easy);
-                finish(*t, msg->data.result);
+                finish(*t, result);
             }
             curl_multi_poll(multi_, nullptr, 0, 1000, nullptr);
         }
@@ -180,8 +182,11 @@ private:
         switch (c.k) {
         case kind::add:
             if (!setup(t)) return;
+            if (curl_multi_add_handle(multi_, t.easy) != CURLM_OK) {
+                finish(t, CURLE_FAILED_INIT);
+                return;
+            }
             live_.emplace(t.easy, c.t);
-            curl_multi_add_handle(multi_, t.easy);
             break;
         case kind::resume: {
             bool unpause = false;
@@ -279,6 +284,13 @@ private:
         if (h) resume_on(ex, h);
     }
 
+    static bool header_is(std::string_view line, std::string_view name) {  // name in lower case, with ':'
+        if (line.size() < name.size()) return false;
+        for (std::size_t i = 0; i < name.size(); ++i)
+            if (std::tolower(static_cast<unsigned char>(line[i])) != name[i]) return false;
+        return true;
+    }
+
     static std::size_t on_header(char* p, std::size_t size, std::size_t n, void* ud) {
         auto& t = *static_cast<http_transfer*>(ud);
         const std::size_t len = size * n;
@@ -286,17 +298,21 @@ private:
         if (line.starts_with("HTTP/")) {  // a new response (after a redirect or 100): forget the last
             t.etag.clear();
             t.total = http_request::npos;
+            t.range_start = http_request::npos;
             t.status_known = false;
-        } else if (line.size() > 14 && (line[0] == 'C' || line[0] == 'c') &&
-                   (line.substr(0, 14) == "Content-Range:" || line.substr(0, 14) == "content-range:")) {
-            const auto slash = line.rfind('/');  // bytes a-b/total, or bytes */total
-            if (slash != std::string_view::npos) {
-                std::uint64_t n = 0;
+        } else if (header_is(line, "content-range:")) {
+            // bytes a-b/total, bytes a-b/* (total unknown), or bytes */total
+            auto number = [&](std::size_t i, std::uint64_t& n) {
                 bool digits = false;
-                for (std::size_t i = slash + 1; i < line.size() && line[i] >= '0' && line[i] <= '9'; ++i, digits = true)
+                for (n = 0; i < line.size() && line[i] >= '0' && line[i] <= '9'; ++i, digits = true)
                     n = n * 10 + static_cast<std::uint64_t>(line[i] - '0');
-                if (digits) t.total = n;
-            }
+                return digits;
+            };
+            const auto slash = line.rfind('/');
+            std::uint64_t n = 0;
+            if (slash != std::string_view::npos && number(slash + 1, n)) t.total = n;
+            const auto bytes_at = line.find("bytes ");
+            if (bytes_at != std::string_view::npos && number(bytes_at + 6, n)) t.range_start = n;
         } else if (line.size() > 5 && (line[0] == 'E' || line[0] == 'e') && std::tolower(line[1]) == 't' &&
                    std::tolower(line[2]) == 'a' && std::tolower(line[3]) == 'g' && line[4] == ':') {
             auto v = line.substr(5);
