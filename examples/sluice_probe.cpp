@@ -207,6 +207,21 @@ std::uint64_t total_counter(const sluice::pipeline_figures& f, const std::string
     return n;
 }
 
+// The figures both reports end with: the fetch counters (http sources), memory, the
+// bottleneck and the per-stage table; then the object is closed and printed.
+void finish_report(sluice::detail::json_writer& w, const sluice::pipeline_figures& f, bool http,
+                   std::optional<std::uint64_t> budget_bytes) {
+    if (http)
+        for (auto c : {"requests", "parts", "retries", "resumes", "throttled"}) w.key(c).value(total_counter(f, c));
+    w.key("peak_rss_bytes").value(peak_rss_bytes());
+    if (budget_bytes) w.key("budget_bytes").value(*budget_bytes);
+    w.key("bottleneck").value(f.bottleneck());
+    w.key("stages");
+    f.write_stages(w);
+    w.end_object();
+    std::cout << w.str() << std::endl;
+}
+
 // --format chunks: the transfer alone, for measuring a source against curl or cat.
 template <class Source>
 int count_chunks(Source src, const options& o, bool http) {
@@ -240,14 +255,7 @@ int count_chunks(Source src, const options& o, bool http) {
         w.key("seconds").value(f.seconds);
         w.key("objects_per_s").value(double(objects) / s);
         w.key("bytes_per_s").value(double(bytes) / s);
-        if (http)
-            for (auto c : {"requests", "parts", "retries", "resumes", "throttled"}) w.key(c).value(total_counter(f, c));
-        w.key("peak_rss_bytes").value(peak_rss_bytes());
-        w.key("bottleneck").value(f.bottleneck());
-        w.key("stages");
-        f.write_stages(w);
-        w.end_object();
-        std::cout << w.str() << std::endl;
+        finish_report(w, f, http, std::nullopt);
     }
     return status;
 }
@@ -341,21 +349,8 @@ int main(int argc, char** argv) {
         w.key("seconds").value(f.seconds);
         w.key("records_per_s").value(double(n_records) / s);
         w.key("bytes_per_s").value(double(payload) / s);
-        auto total = [&](const std::string& counter) { return total_counter(f, counter); };
-        w.key("corrupt_skipped").value(total("corrupt"));
-        if (http) {
-            w.key("requests").value(total("requests"));
-            w.key("retries").value(total("retries"));
-            w.key("resumes").value(total("resumes"));
-            w.key("throttled").value(total("throttled"));
-        }
-        w.key("peak_rss_bytes").value(peak_rss_bytes());
-        w.key("budget_bytes").value(budget_bytes);
-        w.key("bottleneck").value(f.bottleneck());
-        w.key("stages");
-        f.write_stages(w);
-        w.end_object();
-        std::cout << w.str() << std::endl;
+        w.key("corrupt_skipped").value(total_counter(f, "corrupt"));
+        finish_report(w, f, http, budget_bytes);
     }
     return status;
 }
