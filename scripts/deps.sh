@@ -1,24 +1,55 @@
 #!/usr/bin/env bash
-# Installs the Debian packages sluice's build, tests and demo need, when missing.
-# Debian 12: g++ 12, CMake 3.25, Asio 1.22 (standalone), Catch2 2.13, zlib.
+# Installs the Debian (and npm) packages sluice's build, tests and demo need, when missing.
+# Debian 12: g++ 12, CMake 3.25, Asio 1.22 (standalone), Catch2 2.13, zlib, libcurl,
+# pugixml.
 #   scripts/deps.sh          what the build and the demo need
 #   scripts/deps.sh --test   and what the tests need: python3 (its tarfile writes the tar
 #                            test archives and runs the fault-injecting HTTP server),
-#                            clang and libFuzzer (the fuzz targets), nginx (HTTP tests)
+#                            clang and libFuzzer (the fuzz targets), nginx (HTTP tests),
+#                            Node.js + npm and s3rver (S3 listing tests, installed into
+#                            tests/support/s3rver/node_modules from its package-lock.json),
+#                            moto_server and boto3 (signed S3 tests; moto is not packaged
+#                            by Debian 12: pip installs it when missing, and the tests that
+#                            need it report themselves skipped if that fails)
 set -euo pipefail
-packages=(g++ make cmake libasio-dev catch2 zlib1g-dev libcurl4-openssl-dev ccache)
-[ "${1:-}" = "--test" ] && packages+=(python3 clang libclang-rt-dev nginx)
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+test_deps=0
+[ "${1:-}" = "--test" ] && test_deps=1
+packages=(g++ make cmake libasio-dev catch2 zlib1g-dev libcurl4-openssl-dev libpugixml-dev ccache)
+[ $test_deps = 1 ] && packages+=(python3 clang libclang-rt-dev nginx)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
-echo "sluice: installing missing Debian packages: ${missing[*]}" >&2
+if [ $test_deps = 1 ]; then
+  # Commands, not packages: Node.js may come from NodeSource (with its own npm, which
+  # Debian's npm package would conflict with), boto3 from pip.
+  command -v node >/dev/null || missing+=(nodejs)
+  command -v npm >/dev/null || missing+=(npm)
+  python3 -c 'import boto3' 2>/dev/null || missing+=(python3-boto3)
+fi
 sudo=()
 if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null || { echo "sluice: run as root or install sudo to install: ${missing[*]}" >&2; exit 1; }
   sudo=(sudo)
+  if [ ${#missing[@]} -gt 0 ] && ! command -v sudo >/dev/null; then
+    echo "sluice: run as root or install sudo to install: ${missing[*]}" >&2
+    exit 1
+  fi
 fi
-export DEBIAN_FRONTEND=noninteractive
-"${sudo[@]}" apt-get update -qq
-"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "sluice: installing missing Debian packages: ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo[@]}" apt-get update -qq
+  "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+[ $test_deps = 1 ] || exit 0
+if [ ! -x "$here/tests/support/s3rver/node_modules/.bin/s3rver" ]; then
+  echo "sluice: installing s3rver (npm ci in tests/support/s3rver)" >&2
+  (cd "$here/tests/support/s3rver" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+fi
+if ! command -v moto_server >/dev/null; then
+  echo "sluice: installing moto (pip install 'moto[server]')" >&2
+  python3 -m pip install --quiet 'moto[server]' >&2 ||
+    echo "sluice: moto could not be installed: the signed-S3 tests will report themselves skipped" >&2
+fi
+exit 0

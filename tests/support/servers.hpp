@@ -1,7 +1,8 @@
 #pragma once
 // Real servers for the network tests, on loopback and free ports, stopped by pid:
-// nginx with a private prefix, and the project's fault-injecting server
-// (tests/support/fault_server.py).
+// nginx with a private prefix, the project's fault-injecting server
+// (tests/support/fault_server.py), and the S3 emulators moto_server (signatures checked)
+// and s3rver (paging), filled by tests/support/s3_setup.py.
 
 #include "support/test_support.hpp"
 
@@ -180,6 +181,94 @@ private:
     temp_dir dir_;
     int port_ = 0;
     std::unique_ptr<child> proc_;
+};
+
+/// An executable on PATH (or a path that is executable).
+inline bool have_program(const std::string& name) {
+    if (name.find('/') != std::string::npos) return ::access(name.c_str(), X_OK) == 0;
+    const char* path = std::getenv("PATH");
+    std::string dirs = path ? path : "";
+    for (std::size_t a = 0; a <= dirs.size();) {
+        const auto b = std::min(dirs.find(':', a), dirs.size());
+        const std::string f = dirs.substr(a, b - a) + "/" + name;
+        if (b > a && ::access(f.c_str(), X_OK) == 0) return true;
+        a = b + 1;
+    }
+    return false;
+}
+
+/// An S3 emulator on 127.0.0.1, filled from `root` (each directory under it a bucket).
+/// kind "moto": moto_server, signature checking turned on after the upload, with an IAM
+/// user's key (key(), secret()). kind "s3rver": s3rver (checks the key id only; key and
+/// secret S3RVER).
+class s3_server {
+public:
+    /// Why this kind cannot run here ("" when it can).
+    static std::string unavailable(const std::string& kind) {
+        if (!have_program("python3") || run({"/usr/bin/env", "python3", "-c", "import boto3"}).status != 0) return "python3 with boto3 is missing";
+        if (kind == "moto") return have_program("moto_server") ? "" : "moto_server is not on PATH";
+        return have_program(SLUICE_S3RVER) ? "" : "s3rver is not installed (scripts/deps.sh --test installs it)";
+    }
+    s3_server(const std::string& kind, const std::string& root) {
+        port_ = free_port();
+        const auto port = std::to_string(port_);
+        if (kind == "moto") {
+            // Unchecked for the setup's requests, then checked (s3_setup.py resets it).
+            proc_ = std::make_unique<child>(std::vector<std::string>{"env", "INITIAL_NO_AUTH_ACTION_COUNT=1000000",
+                                                                     "moto_server", "-H", "127.0.0.1", "-p", port},
+                                            dir_ / "stdout", dir_ / "stderr");
+        } else {
+            std::filesystem::create_directories(dir_ / "data");
+            proc_ = std::make_unique<child>(std::vector<std::string>{"env", "NODE_OPTIONS=--openssl-legacy-provider",
+                                                                     SLUICE_S3RVER, "-s", "-d", dir_ / "data", "-a",
+                                                                     "127.0.0.1", "-p", port},
+                                            dir_ / "stdout", dir_ / "stderr");
+        }
+        for (int i = 0; i < 3000 && !accepts(port_); ++i) {
+            if (!proc_->running()) throw std::runtime_error(kind + " exited: " + slurp_file(dir_ / "stderr"));
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        if (!accepts(port_)) throw std::runtime_error(kind + " did not start: " + slurp_file(dir_ / "stderr"));
+        auto r = run({"/usr/bin/env", "python3", SLUICE_S3_SETUP, kind, endpoint(), root});
+        if (r.status != 0) throw std::runtime_error("s3_setup.py " + kind + " failed: " + r.err);
+        const auto sp = r.out.find(' ');
+        key_ = r.out.substr(0, sp);
+        secret_ = r.out.substr(sp + 1);
+        while (!secret_.empty() && (secret_.back() == '\n' || secret_.back() == '\r')) secret_.pop_back();
+    }
+    std::string endpoint() const { return "http://127.0.0.1:" + std::to_string(port_); }
+    const std::string& key() const { return key_; }
+    const std::string& secret() const { return secret_; }
+
+private:
+    temp_dir dir_;
+    int port_ = 0;
+    std::string key_, secret_;
+    std::unique_ptr<child> proc_;
+};
+
+/// Sets environment variables for a scope, restoring what was there.
+class scoped_env {
+public:
+    scoped_env(std::vector<std::pair<std::string, std::optional<std::string>>> vars) {
+        for (auto& [k, v] : vars) {
+            const char* old = std::getenv(k.c_str());
+            saved_.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
+            if (v) ::setenv(k.c_str(), v->c_str(), 1);
+            else ::unsetenv(k.c_str());
+        }
+    }
+    ~scoped_env() {
+        for (auto& [k, v] : saved_) {
+            if (v) ::setenv(k.c_str(), v->c_str(), 1);
+            else ::unsetenv(k.c_str());
+        }
+    }
+    scoped_env(const scoped_env&) = delete;
+    scoped_env& operator=(const scoped_env&) = delete;
+
+private:
+    std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
 };
 
 }  // namespace sluice_test

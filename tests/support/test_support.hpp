@@ -2,6 +2,9 @@
 // Helpers shared by the tests: temporary directories, running programs, reading JSON
 // numbers, and a type that counts its copies, moves and destructions.
 
+#include <sluice/core/detail/random.hpp>
+#include <sluice/core/pipeline.hpp>
+
 #include <catch2/catch.hpp>
 
 #include <sys/wait.h>
@@ -139,6 +142,22 @@ inline std::uint64_t test_seed() {
         return std::uint64_t(std::random_device{}());
     }();
     return seed;
+}
+
+/// n bytes from r.
+inline std::string random_bytes(sluice::detail::rng& r, std::size_t n) {
+    std::string s(n, '\0');
+    for (auto& c : s) c = static_cast<char>(r.next());
+    return s;
+}
+
+/// A stage's counter in a pipeline's figures (0 when absent).
+inline std::uint64_t counter(const sluice::pipeline_figures& f, const std::string& stage, const std::string& name) {
+    for (auto& s : f.stages)
+        if (s.name == stage)
+            for (auto& [n, v] : s.counters)
+                if (n == name) return v;
+    return 0;
 }
 
 }  // namespace sluice_test

@@ -55,6 +55,9 @@ struct fetch_options {
     /// explicitly, no verification at all.
     std::string ca_file = {};
     bool insecure = false;
+    /// For s3:// URLs: endpoint, region, credentials, addressing (io/s3.hpp). Requests
+    /// are signed (SigV4) unless `s3.anonymous`; everything above applies to them too.
+    s3_options s3 = {};
     /// Capacity of the output channel, in chunks and bytes.
     channel_limits out = {16, 64u << 20};
 };
@@ -101,9 +104,8 @@ inline std::string http_failure(const http_transfer& t) {
         return s;
     }
     std::string s = "HTTP " + std::to_string(t.status);
-    // S3 and friends say why in an XML <Code>.
-    const auto a = t.error_body.find("<Code>"), b = t.error_body.find("</Code>");
-    if (a != std::string::npos && b != std::string::npos && b > a) s += " " + t.error_body.substr(a + 6, b - a - 6);
+    // S3 and friends say why in an XML body: Code, Message, RequestId.
+    if (auto x = s3_error_text(t.error_body); !x.empty()) s += " " + x;
     return s;
 }
 
@@ -215,10 +217,25 @@ struct fetch_state {
     const fetch_options& o;
     stage_context<shard, chunk>& ctx;
     std::atomic<std::uint64_t>& requests;
+    std::optional<s3_config> s3;  // resolved at the first s3:// URL
 
-    void start(http_part& p, const std::string& url, const std::string& etag) {
+    /// The HTTP URL and signature of a shard's URL: itself, or S3's for s3://.
+    std::pair<std::string, s3_auth> locate(const std::string& url) {
+        auto loc = parse_s3_url(url);
+        if (!loc) {
+            if (url.starts_with("s3://")) throw source_error(url, "not an s3://bucket/key URL:");
+            return {url, {}};
+        }
+        if (loc->key.empty() || loc->key.ends_with('/'))
+            throw source_error(url, "cannot fetch a prefix (list it: sluice::list gives its objects):");
+        if (!s3) s3 = resolve_s3(o.s3, url);
+        return {s3_http_url(*s3, *loc), auth_of(*s3)};
+    }
+
+    void start(http_part& p, const std::pair<std::string, s3_auth>& where, const std::string& etag) {
         http_request req;
-        req.url = url;
+        req.url = where.first;
+        req.auth = where.second;
         req.from = p.from;
         req.to = p.to;
         req.if_match = etag;
@@ -238,7 +255,7 @@ struct fetch_state {
 inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o) {
     auto eng = curl_engine::shared();
     std::minstd_rand jitter(std::random_device{}());
-    fetch_state fs{*eng, o, ctx, ctx.stats.counter("requests")};
+    fetch_state fs{*eng, o, ctx, ctx.stats.counter("requests"), std::nullopt};
     auto& retries = ctx.stats.counter("retries");
     auto& resumes = ctx.stats.counter("resumes");
     auto& throttled = ctx.stats.counter("throttled");
@@ -288,13 +305,14 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
             // The first request asks for one part: its answer gives the object's size, and
             // the other parts then download in parallel, `parts_in_flight` at a time.
             parts.push_back(http_part{0, o.parallel_parts ? part_size - 1 : http_request::npos, {}, first_permit, first_seq});
-            fs.start(parts.front(), src->url, "");
+            const auto where = fs.locate(src->url);
+            fs.start(parts.front(), where, "");
             std::uint64_t seq = 0;
             auto more_parts = [&] { return total != http_request::npos && next_from < total; };
             auto add_part = [&](bool permit) {
                 http_part p{next_from, std::min(total, next_from + part_size) - 1, {}, permit, permit ? seq : 0};
                 next_from = p.to + 1;
-                fs.start(p, src->url, etag);
+                fs.start(p, where, etag);
                 parts_counter.fetch_add(1, std::memory_order_relaxed);
                 parts.push_back(std::move(p));
             };
@@ -382,7 +400,7 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
                         // A range answered with an unknown total: go on with the rest in one.
                         p.from = offset;
                         p.to = http_request::npos;
-                        fs.start(p, src->url, etag);
+                        fs.start(p, where, etag);
                         continue;
                     }
                     // A 2xx that ended early (a server that closes cleanly mid-part): resume.
@@ -412,7 +430,7 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
                 sleep_for pause{wait, {}};
                 co_await pause;
                 p.from = offset;  // resume this part where it stopped, the same version only
-                fs.start(p, src->url, offset || !first_response ? etag : "");
+                fs.start(p, where, offset || !first_response ? etag : "");
             }
             if (total != http_request::npos && offset != total)
                 throw source_error(src->url, "cannot fetch (" + std::to_string(offset) + " of " + std::to_string(total) +
@@ -437,7 +455,7 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
 
 }  // namespace detail
 
-/// Takes: shards whose url is http:// or https://. Gives: each object's bytes as chunks
+/// Takes: shards whose url is http://, https:// or s3://bucket/key (see s3_options). Gives: each object's bytes as chunks
 /// (the last one flagged), in order per object; `in_flight` objects download at once and
 /// their chunks interleave (decoders keep per-shard state).
 /// Backpressure: each download holds at most about two chunks; when downstream is full

@@ -4,6 +4,7 @@
 #include <sluice/core/error.hpp>
 #include <sluice/core/stage.hpp>
 #include <sluice/io/detail/braces.hpp>
+#include <sluice/io/s3.hpp>
 
 #include <glob.h>
 
@@ -79,12 +80,19 @@ inline void expand_local(const std::string& path, std::vector<std::string>& out)
 /// Expand patterns eagerly: braces everywhere; for local paths also globs (`*`, `?`,
 /// `[...]`, sorted by bytes) and directories, named or matched (their regular files,
 /// recursively, sorted by bytes).
-/// `file://` prefixes are dropped; other URLs (http://, s3://) get brace expansion only.
+/// `file://` prefixes are dropped; http:// URLs get brace expansion only.
+/// `s3://bucket/key` is one object; `s3://bucket/prefix/` (a trailing '/') and
+/// `s3://bucket` stand for every object under the prefix, listed with ListObjectsV2 (in
+/// S3's byte order); `s3://bucket/prefix/shard-*.tar` lists the prefix before the first
+/// wildcard and keeps the keys the pattern matches (`*` crosses '/'). A listing that
+/// finds nothing is an error, as a glob that matches nothing is. `s3` says where and as
+/// whom (see s3_options).
 /// `@FILE` reads patterns from FILE, one per line (blank lines and `#` comments skipped),
 /// each expanded as above: a list of URLs or paths kept beside the dataset.
 /// Throws sluice::source_error naming the pattern when a glob matches nothing, or the
 /// file when a list file cannot be read.
-inline std::vector<std::string> expand(const std::vector<std::string>& patterns, int depth = 0) {
+inline std::vector<std::string> expand(const std::vector<std::string>& patterns, const s3_options& s3 = {},
+                                       int depth = 0) {
     std::vector<std::string> out;
     for (const auto& p : patterns) {
         if (p.starts_with("@")) {
@@ -109,12 +117,18 @@ inline std::vector<std::string> expand(const std::vector<std::string>& patterns,
                     entry = (dir / entry).string();
                 listed.push_back(std::move(entry));
             }
-            for (auto& e : expand(listed, depth + 1)) out.push_back(std::move(e));
+            for (auto& e : expand(listed, s3, depth + 1)) out.push_back(std::move(e));
             continue;
         }
         for (auto& e : detail::expand_braces(p)) {
             if (e.rfind("file://", 0) == 0) e.erase(0, 7);
-            if (detail::has_scheme(e)) out.push_back(std::move(e));
+            if (auto loc = detail::parse_s3_url(e);
+                loc && (loc->key.empty() || loc->key.ends_with('/') || detail::has_wildcard(loc->key))) {
+                auto keys = detail::s3_list(s3, e);
+                if (keys.empty())
+                    throw source_error(e, "no object under", std::make_error_code(std::errc::no_such_file_or_directory));
+                for (auto& k : keys) out.push_back(std::move(k));
+            } else if (detail::has_scheme(e)) out.push_back(std::move(e));
             else detail::expand_local(e, out);
         }
     }
@@ -124,20 +138,20 @@ inline std::vector<std::string> expand(const std::vector<std::string>& patterns,
 /// Takes: patterns (paths, globs, brace ranges like `shard-{000..127}.tar`, directories,
 /// URLs, `@list-file`). Gives: one path or URL per item, in pattern order.
 /// Backpressure: suspends while downstream is full.
-/// Errors: a glob that matches nothing is sent downstream as sluice::source_error naming
-/// the pattern.
+/// Errors: a glob or S3 listing that matches nothing, or a listing that fails (HTTP 403
+/// AccessDenied...), is sent downstream as sluice::source_error naming the pattern.
 /// Cancellation: stops at the next send.
 /// Example: `sluice::list({"data/shard-{000..063}.txt"}) | sluice::plan({.epochs = 2})`
-inline source<std::string> list(std::vector<std::string> patterns) {
+inline source<std::string> list(std::vector<std::string> patterns, s3_options s3 = {}) {
     auto pats = std::make_shared<const std::vector<std::string>>(std::move(patterns));
     return make_stage<void, std::string>(
         "list", {.on = pool::io, .buffer = {1024, 0}},
-        [pats](stage_context<void, std::string>& ctx) -> task<void> {
-            for (auto& path : expand(*pats)) co_await ctx.out.send(std::move(path));
+        [pats, s3](stage_context<void, std::string>& ctx) -> task<void> {
+            for (auto& path : expand(*pats, s3)) co_await ctx.out.send(std::move(path));
         });
 }
-inline source<std::string> list(std::string pattern) {
-    return list(std::vector<std::string>{std::move(pattern)});
+inline source<std::string> list(std::string pattern, s3_options s3 = {}) {
+    return list(std::vector<std::string>{std::move(pattern)}, std::move(s3));
 }
 
 }  // namespace sluice

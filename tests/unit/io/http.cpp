@@ -16,18 +16,8 @@
 #include <map>
 
 namespace {
-std::string random_bytes(sluice::detail::rng& r, std::size_t n) {
-    std::string s(n, '\0');
-    for (auto& c : s) c = static_cast<char>(r.next());
-    return s;
-}
-std::uint64_t counter(const sluice::pipeline_figures& f, const std::string& stage, const std::string& name) {
-    for (auto& s : f.stages)
-        if (s.name == stage)
-            for (auto& [n, v] : s.counters)
-                if (n == name) return v;
-    return 0;
-}
+using sluice_test::counter;
+using sluice_test::random_bytes;
 std::uint64_t rss_bytes() {
     std::ifstream f("/proc/self/status");
     std::string line;

@@ -18,6 +18,7 @@
 
 #include <sluice/core/bytes.hpp>
 #include <sluice/core/task.hpp>
+#include <sluice/io/s3.hpp>
 
 #include <curl/curl.h>
 
@@ -50,6 +51,7 @@ struct http_request {
     long max_redirects = 5;
     bool verify_tls = true;
     std::string ca_file;
+    s3_auth auth;  // SigV4 for S3 (sign = false: none)
     std::shared_ptr<buffer_source> mem;  // shared: a transfer may outlive its pipeline's runtime
 };
 
@@ -240,10 +242,10 @@ private:
             if (t.req.to != http_request::npos) range += std::to_string(t.req.to);
             curl_easy_setopt(e, CURLOPT_RANGE, range.c_str());  // copied by curl
         }
-        if (!t.req.if_match.empty()) {
-            t.headers = curl_slist_append(t.headers, ("If-Match: " + t.req.if_match).c_str());
-            curl_easy_setopt(e, CURLOPT_HTTPHEADER, t.headers);
-        }
+        if (!t.req.if_match.empty()) t.headers = curl_slist_append(t.headers, ("If-Match: " + t.req.if_match).c_str());
+        std::string sigv4;
+        s3_sign(e, t.headers, t.req.auth, sigv4);
+        if (t.headers) curl_easy_setopt(e, CURLOPT_HTTPHEADER, t.headers);
         return true;
     }
 
