@@ -25,7 +25,10 @@ namespace {
 
 constexpr const char* usage_text = R"(usage: sluice-probe [options] SOURCE...
 SOURCE: a path, a glob (data/*.txt), a brace pattern (data/shard-{000..063}.txt), a
-directory (all regular files below it), or http(s):// URLs (brace patterns expand).
+directory (all regular files below it), http(s):// URLs (brace patterns expand), or
+s3://bucket/key, s3://bucket/prefix/ (listed), s3://bucket/prefix/*.tar (listed, matched).
+S3 credentials, region and endpoint come from the AWS environment variables and files
+(AWS_ACCESS_KEY_ID, AWS_PROFILE, ~/.aws/credentials...) unless given below.
 options:
   --format F             raw: one record per file; lines: per line (default);
                          chunks: no decoding, the sources' chunks counted (transfer rate);
@@ -54,6 +57,14 @@ options:
   --stall-seconds S      http(s): no byte for S seconds fails (and retries) a transfer (default 30)
   --ca-file FILE         https: trust this CA bundle instead of the system's
   --insecure             https: do not verify certificates (explicitly unsafe)
+  --endpoint URL         s3: the S3 endpoint (default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL,
+                         the profile's endpoint_url, else AWS for the region)
+  --region R             s3: the region (default: AWS_REGION, AWS_DEFAULT_REGION, the
+                         profile's, else us-east-1)
+  --profile P            s3: the profile of ~/.aws/credentials and ~/.aws/config to use
+  --path-style           s3: https://host/bucket/key (default: bucket.host, except for IP
+                         and localhost endpoints)
+  --anonymous            s3: unsigned requests (public buckets)
   --mmap                 map files instead of reading them (faster; a file that shrinks
                          while mapped ends the process with SIGBUS)
   --no-crc               skip the per-record crc32 (measures the pipeline alone)
@@ -82,6 +93,7 @@ struct options {
     bool ordered = false;
     std::string ca_file;
     bool insecure = false;
+    sluice::s3_options s3;
     bool crc = true;
     double progress = 1;
     bool quiet = false;
@@ -172,6 +184,16 @@ options parse(int argc, char** argv) {
             o.ca_file = value();
         } else if (a == "--insecure") {
             o.insecure = true;
+        } else if (a == "--endpoint") {
+            o.s3.endpoint = value();
+        } else if (a == "--region") {
+            o.s3.region = value();
+        } else if (a == "--profile") {
+            o.s3.profile = value();
+        } else if (a == "--path-style") {
+            o.s3.addressing = sluice::s3_addressing::path;
+        } else if (a == "--anonymous") {
+            o.s3.anonymous = true;
         } else if (a == "--no-crc") {
             o.crc = false;
         } else if (a == "--progress") {
@@ -265,19 +287,22 @@ int count_chunks(Source src, const options& o, bool http) {
 int main(int argc, char** argv) {
     const options o = parse(argc, argv);
 
-    // http(s) sources go through fetch(), local ones through read(); one kind per run.
+    // http(s) and s3 sources go through fetch(), local ones through read(); one kind per
+    // run. Expanded (and S3 prefixes listed) once, here.
     std::vector<std::string> expanded;
     try {
-        expanded = sluice::expand(o.sources);
+        expanded = sluice::expand(o.sources, o.s3);
     } catch (const std::exception& e) {
         std::cerr << "sluice-probe: " << e.what() << "\n";
         return 1;
     }
-    auto is_http = [](const std::string& u) { return u.starts_with("http://") || u.starts_with("https://"); };
+    auto is_http = [](const std::string& u) {
+        return u.starts_with("http://") || u.starts_with("https://") || u.starts_with("s3://");
+    };
     const bool http = !expanded.empty() && is_http(expanded.front());
     for (auto& u : expanded)
-        if (is_http(u) != http) usage_error("sources must be all local paths or all http(s) URLs");
-    auto shards = sluice::list(o.sources) |
+        if (is_http(u) != http) usage_error("sources must be all local paths or all URLs");
+    auto shards = sluice::from<std::string>(std::move(expanded)) |
                   sluice::plan({.epochs = o.epochs, .seed = o.seed, .rank = o.rank, .world = o.world});
     auto src = http ? shards | sluice::fetch({.in_flight = o.in_flight,
                                               .min_in_flight = o.min_in_flight,
@@ -289,6 +314,7 @@ int main(int argc, char** argv) {
                                               .stall = std::chrono::seconds(o.stall),
                                               .ca_file = o.ca_file,
                                               .insecure = o.insecure,
+                                              .s3 = o.s3,
                                               .out = {16, o.channel_bytes}})
                     : shards | sluice::read({.chunk_size = o.chunk_size, .map = o.map, .out = {16, o.channel_bytes}});
     if (o.format == "chunks") return count_chunks(src, o, http);

@@ -23,7 +23,7 @@ TEST_CASE("utilization is the share of time spent working", "[stats]") {
     REQUIRE(f.counters == std::vector<std::pair<std::string, std::uint64_t>>{{"skipped", 3}});
 }
 
-TEST_CASE("the bottleneck is the busiest stage; records come from the decoder", "[stats]") {
+TEST_CASE("the bottleneck is the busiest stage, records come from the decoder", "[stats]") {
     sluice::pipeline_figures p;
     p.seconds = 2;
     sluice::stage_figures read{.name = "read", .items_out = 5, .bytes_out = 500, .busy_s = 0.2, .wait_output_s = 1.8, .counters = {}};

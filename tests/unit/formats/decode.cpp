@@ -70,7 +70,7 @@ TEST_CASE("gunzip: multi-member files inflate as one stream at every chunk size"
     REQUIRE(gunzip(cut(small, {1}, "s")).data == "tiny file");  // magic cut across chunks
 }
 
-TEST_CASE("gunzip: detection by name and magic; other shards pass through untouched", "[gzip]") {
+TEST_CASE("gunzip: detection by name and magic, other shards pass through untouched", "[gzip]") {
     const std::string plain = "not compressed at all";
     auto pass = gunzip(cut(plain, {1}, "a.txt"));
     REQUIRE(pass.data == plain);
@@ -86,7 +86,7 @@ TEST_CASE("gunzip: detection by name and magic; other shards pass through untouc
     REQUIRE_FALSE(gunzip(cut(plain, {5}, "y"), sluice::on_corrupt::error, sluice::compression::gzip).error.empty());
 }
 
-TEST_CASE("gunzip: broken and truncated streams name the shard and offset; skip resumes at the next member", "[gzip][corrupt]") {
+TEST_CASE("gunzip: broken and truncated streams name the shard and offset, skip resumes at the next member", "[gzip][corrupt]") {
     sluice::detail::rng r(11);
     const auto a = text(r, 50001), b = text(r, 50003), c = text(r, 50005);  // not multiples of the out chunk
     const auto ga = sluice_test::gzip(a), gb = sluice_test::gzip(b), gc = sluice_test::gzip(c);
@@ -113,7 +113,7 @@ TEST_CASE("gunzip: broken and truncated streams name the shard and offset; skip 
     REQUIRE(ts.chunks.back().last);
 }
 
-TEST_CASE("lines inflate gzip'd shards; raw gives bytes as stored", "[gzip][lines]") {
+TEST_CASE("lines inflate gzip'd shards, raw gives bytes as stored", "[gzip][lines]") {
     const std::string body = "one\ntwo\nthree\n";
     std::vector<std::string> got;
     for (auto& rec : sluice::pipeline(sluice::from(cut(sluice_test::gzip(body), {3}, "t.jsonl.gz")) | sluice::lines()))

@@ -57,7 +57,7 @@ TEST_CASE("lines cut by chunk boundaries are the same at every chunk size", "[li
     }
 }
 
-TEST_CASE("records inside a chunk are slices of it; offsets and indices are exact", "[lines]") {
+TEST_CASE("records inside a chunk are slices of it, offsets and indices are exact", "[lines]") {
     auto chunks = cut("alpha\nbeta\ngamma\n", {8});
     const auto* first_chunk = chunks[0].data.data();
     std::vector<sluice::record> rs;

@@ -52,7 +52,7 @@ TEST_CASE("recordio: the writer splits records at the magic word and the parser 
     REQUIRE(strings(p.out) == std::vector<std::string>{rec});
 }
 
-TEST_CASE("recordio: the same records at every chunk size; unsplit records are slices", "[recordio][streaming]") {
+TEST_CASE("recordio: the same records at every chunk size, unsplit records are slices", "[recordio][streaming]") {
     const auto seed = sluice_test::test_seed();
     INFO("seed " << seed);
     sluice::detail::rng r(seed);

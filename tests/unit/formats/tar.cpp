@@ -243,7 +243,7 @@ TEST_CASE("tar stage: gzip'd archives by name and by magic, in a pipeline", "[ta
     REQUIRE(got == std::vector<std::string>{"x/a.txt=alpha", n150, "x/a.txt=alpha", n150});
 }
 
-TEST_CASE("tar: pax size and path override the header; base-256 sizes", "[tar]") {
+TEST_CASE("tar: pax size and path override the header, base-256 sizes", "[tar]") {
     std::string t;
     const std::string recs = "10 size=5\n" "17 path=pax/name\n";
     sluice::detail::tar_header(t, "././@PaxHeader", recs.size(), 'x');
@@ -291,7 +291,7 @@ TEST_CASE("tar: a shard cut inside padding or a skipped member names that member
                                  std::to_string(dir_at));
 }
 
-TEST_CASE("tar.gz under skip: a broken member loses what it held; the next member is read in step", "[tar][gzip][corrupt]") {
+TEST_CASE("tar.gz under skip: a broken member loses what it held, the next member is read in step", "[tar][gzip][corrupt]") {
     // One gzip member per tar member (as appendable archives are written).
     std::string files[3], gz;
     for (int i = 0; i < 3; ++i) {

@@ -34,7 +34,7 @@ std::uint64_t offset_of(const std::vector<std::string>& rs, std::size_t i) {
 }
 }  // namespace
 
-TEST_CASE("tfrecord: records, offsets and indices; the same at every chunk size", "[tfrecord][streaming]") {
+TEST_CASE("tfrecord: records, offsets and indices, the same at every chunk size", "[tfrecord][streaming]") {
     const auto seed = sluice_test::test_seed();
     INFO("seed " << seed);
     sluice::detail::rng r(seed);
@@ -90,7 +90,7 @@ TEST_CASE("tfrecord: a bad data checksum is an error naming shard and offset, or
     REQUIRE(strings(unchecked.out) == std::vector<std::string>{"one", "two", "tHree", "four"});
 }
 
-TEST_CASE("tfrecord: a bad length checksum is an error; skipping finds the next record", "[tfrecord][corrupt]") {
+TEST_CASE("tfrecord: a bad length checksum is an error, skipping finds the next record", "[tfrecord][corrupt]") {
     std::vector<std::string> want;
     for (int i = 0; i < 50; ++i) want.push_back("record " + std::to_string(i) + std::string(static_cast<std::size_t>(i * 37), 'x'));
     std::string file = file_of(want);
@@ -142,7 +142,7 @@ TEST_CASE("tfrecord: truncated files and garbage", "[tfrecord][corrupt]") {
     REQUIRE(h.error == "sluice: TFRecord length 1099511627776 over the limit of 1048576 bytes in 'h' at byte 0");
 }
 
-TEST_CASE("tfrecord stage: gzip'd shards inflate on their own; skip counts in the stage's stats", "[tfrecord][gzip]") {
+TEST_CASE("tfrecord stage: gzip'd shards inflate on their own, skip counts in the stage's stats", "[tfrecord][gzip]") {
     const std::vector<std::string> want = {"a", "bb", "ccc", "dddd"};
     std::string bad = file_of(want);
     bad[offset_of(want, 1) + 12] ^= 1;

@@ -233,7 +233,7 @@ TEST_CASE("fetch: large objects download as ranged parts in parallel, delivered 
     }
 }
 
-TEST_CASE("fetch: 503s shrink the in-flight limit; ordered delivery keeps the shards' order", "[http][faults]") {
+TEST_CASE("fetch: 503s shrink the in-flight limit, ordered delivery keeps the shards' order", "[http][faults]") {
     sluice_test::temp_dir www;
     std::vector<std::string> names;
     for (int i = 0; i < 300; ++i) {
@@ -260,7 +260,7 @@ TEST_CASE("fetch: 503s shrink the in-flight limit; ordered delivery keeps the sh
     REQUIRE(counter(f, "fetch", "in_flight_limit") >= 4);  // not below min_in_flight
 }
 
-TEST_CASE("fetch: https is verified by default; a CA file or an explicit insecure option let it through", "[http][tls]") {
+TEST_CASE("fetch: https is verified by default, a CA file or an explicit insecure option let it through", "[http][tls]") {
     sluice_test::temp_dir www;
     www.write("a.bin", "over TLS");
     sluice_test::nginx_server nginx(www.path().string(), /*tls=*/true);
@@ -284,7 +284,7 @@ TEST_CASE("fetch: https is verified by default; a CA file or an explicit insecur
     REQUIRE(get({.insecure = true}).first == "over TLS");
 }
 
-TEST_CASE("fetch: redirects are followed up to the limit; malformed URLs fail at once", "[http][errors]") {
+TEST_CASE("fetch: redirects are followed up to the limit, malformed URLs fail at once", "[http][errors]") {
     sluice_test::temp_dir www;
     www.write("new.bin", "moved here");
     sluice_test::nginx_server nginx(www.path().string(), false,

@@ -23,7 +23,7 @@ TEST_CASE("brace ranges expand as WebDataset writes them", "[list]") {
     REQUIRE(sluice::detail::expansion_count("{a,b{1..3}}-{00..09}") == 40);
 }
 
-TEST_CASE("globs and directories expand sorted; URLs pass through", "[list]") {
+TEST_CASE("globs and directories expand sorted, URLs pass through", "[list]") {
     sluice_test::temp_dir d;
     for (auto n : {"b.txt", "a.txt", "c.bin", "sub/z.txt"}) d.write(n, "x");
     REQUIRE(sluice::expand({d / "*.txt"}) == V{d / "a.txt", d / "b.txt"});
@@ -62,7 +62,7 @@ TEST_CASE("@FILE lists paths and URLs, one pattern per line", "[list]") {
                         "sluice: cannot read the list file '" + (d / "missing.txt") + "': No such file or directory");
 }
 
-TEST_CASE("@FILE: relative entries are relative to the list file; a loop is an error", "[list]") {
+TEST_CASE("@FILE: relative entries are relative to the list file, a loop is an error", "[list]") {
     sluice_test::temp_dir d;
     d.write("sub/x.bin", "x");
     d.write("sub/list.txt", "x.bin\n");

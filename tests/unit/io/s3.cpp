@@ -164,7 +164,7 @@ TEST_CASE("s3: a listing's query is signed exactly as AWS's published example", 
             "Signature=34b48302e7b5fa45bde8084f4b7868a86f0a534bc59db6670ed5711ef69dc6f7");
 }
 
-TEST_CASE("s3: a session token is sent and signed; anonymous requests carry no signature", "[s3][sigv4]") {
+TEST_CASE("s3: a session token is sent and signed, anonymous requests carry no signature", "[s3][sigv4]") {
     auto auth = example_auth();
     auth.session_token = "FQoGZXIvYXdzEXAMPLETOKEN/+=";
     const auto head = signed_request("http://examplebucket.s3.amazonaws.com/test.txt", auth);
@@ -330,7 +330,7 @@ std::map<std::string, std::string> read_all(sluice::pipeline<sluice::record>& p)
 }
 }  // namespace
 
-TEST_CASE("s3: moto with signature checking: the right key reads every object; a wrong secret is a clear 403",
+TEST_CASE("s3: moto with signature checking: the right key reads every object, a wrong secret is a clear 403",
           "[s3][moto]") {
     SLUICE_SKIP_WITHOUT("moto");
     sluice_test::temp_dir root;
@@ -440,7 +440,7 @@ TEST_CASE("s3: s3rver: more than 1,000 keys page through continuation tokens wit
                                                       {"s3://data/\xc3\xa9t\xc3\xa9/a b.txt", "utf8\n"}});
 }
 
-TEST_CASE("s3: throttling (503 SlowDown) backs off and retries; parts and resumes work over S3 URLs", "[s3][retry]") {
+TEST_CASE("s3: throttling (503 SlowDown) backs off and retries, parts and resumes work over S3 URLs", "[s3][retry]") {
     // The project's fault server as a path-style S3 endpoint (it does not check signatures).
     sluice_test::temp_dir www;
     sluice::detail::rng r(sluice_test::test_seed());
