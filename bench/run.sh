@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs each benchmark beside its peer, on the same data in the same run, and prints the
 # figures and ratios (one JSON object per line on stdout, a summary on stderr).
-#   bench/run.sh [channel|crc32c|local|formats|http|memory]...     (default: all)
+#   bench/run.sh [channel|crc32c|local|formats|http|s3|memory]...     (default: all)
 # Data goes to build-release/bench-data (made once: 2.1 GiB of lines; for formats also
 # 2.1 GiB each of tar and TFRecord and a gzip'd copy of the TFRecord set).
 set -euo pipefail
@@ -15,7 +15,7 @@ field() { grep -o "\"$1\":[^,}]*" | head -1 | cut -d: -f2 | tr -d '"'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
 now() { date +%s.%N; }
 what=("$@")
-[ ${#what[@]} -eq 0 ] && what=(channel crc32c local formats http memory)
+[ ${#what[@]} -eq 0 ] && what=(channel crc32c local formats http s3 memory)
 
 data=$build/bench-data
 make_data() {
@@ -165,6 +165,86 @@ for w in "${what[@]}"; do
     echo "{\"bench\":\"http_ttfb_50ms\",\"objects\":$n,\"sluice_objects_per_s\":$best,\"bound_objects_per_s\":1280,\"ratio\":$(ratio "$best" 1280),\"curl_objects_per_s\":$curl_ttfb}"
     echo "http 2,000 x 100 KiB, 50 ms first byte (python fault server): sluice $best objects/s, bound 64/50ms = 1280/s, ratio $(ratio "$best" 1280); curl --parallel 64 on the same server $curl_ttfb objects/s" >&2
     kill $ngx_pid $fault_pid; wait $ngx_pid $fault_pid 2>/dev/null || true; rm -rf "$ngx"; trap - EXIT
+    ;;
+  s3)
+    # The same objects as the http bench, over the S3 API (signed requests, path style)
+    # from nginx (a fine GET endpoint; it does not check signatures), beside boto3's
+    # get_object in a pool of 32 threads and sluice's own plain-HTTP figure, in this run.
+    # Goals: >= 10 x boto3 objects/s on 2,000 x 100 KiB; >= 0.9 x sluice over plain HTTP;
+    # >= 1 x boto3 on one 1 GiB object. Then `aws s3 cp --recursive` and sluice listing
+    # the same 2,000 objects from s3rver (both limited by s3rver, a Node.js emulator).
+    command -v nginx >/dev/null || { echo "s3 bench needs nginx" >&2; exit 1; }
+    python3 -c 'import boto3' || { echo "s3 bench needs boto3" >&2; exit 1; }
+    www=$data/http
+    if [ ! -f "$www/objects.json" ]; then
+      mkdir -p "$www"
+      truncate -s 1G "$www/big.bin"
+      "$build/examples/sluice-gen" "$www/o" --files 2000 --records 1 --record-size 102400 --format tar --seed 3 > "$www/objects.json"
+    fi
+    mkdir -p "$www/bkt"; ln -sfn ../o "$www/bkt/o"; ln -sf ../big.bin "$www/bkt/big.bin"
+    ngx=$(mktemp -d); port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    printf 'daemon off; worker_processes 1; %s pid %s/pid; error_log %s/error.log;\nevents { worker_connections 4096; }\nhttp { access_log off; sendfile on; keepalive_requests 1000000; client_body_temp_path %s; proxy_temp_path %s; fastcgi_temp_path %s; uwsgi_temp_path %s; scgi_temp_path %s;\n server { listen 127.0.0.1:%s; root %s; } }\n' \
+      "$([ "$(id -u)" = 0 ] && echo 'user root;')" "$ngx" "$ngx" "$ngx" "$ngx" "$ngx" "$ngx" "$ngx" "$port" "$(cd "$www" && pwd)" > "$ngx/nginx.conf"
+    nginx -p "$ngx" -c "$ngx/nginx.conf" -e "$ngx/error.log" & ngx_pid=$!
+    s3rver_pid=""
+    trap 'kill $ngx_pid $s3rver_pid 2>/dev/null; wait $ngx_pid $s3rver_pid 2>/dev/null; rm -rf "$ngx"' EXIT
+    for i in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/bkt/o/shard-000000.tar" && break; sleep 0.1; done
+    endpoint="http://127.0.0.1:$port"
+    export AWS_ACCESS_KEY_ID=AKIDBENCHMARK AWS_SECRET_ACCESS_KEY=bench-secret AWS_REGION=us-east-1
+    unset AWS_PROFILE AWS_ENDPOINT_URL AWS_ENDPOINT_URL_S3 AWS_SESSION_TOKEN
+    for i in $(seq 0 1999); do printf 'o/shard-%06d.tar\n' "$i"; done > "$ngx/keys"
+    n=2000
+    best_s3=0 best_http=0 best_boto=0
+    for i in 1 2 3; do
+      o=$("$probe" --format tar --batch 256 --no-crc --json --quiet --in-flight 64 --endpoint "$endpoint" "s3://bkt/o/shard-{000000..001999}.tar")
+      [ "$(echo "$o" | field records)" = $n ] || { echo "s3: record count mismatch" >&2; echo "$o" >&2; exit 1; }
+      r=$(echo "$o" | field seconds | awk -v n=$n '{ printf "%.1f", n / $1 }')
+      if awk -v x="$r" -v y="$best_s3" 'BEGIN { exit !(x > y) }'; then best_s3=$r; fi
+      o=$("$probe" --format tar --batch 256 --no-crc --json --quiet --in-flight 64 "$endpoint/bkt/o/shard-{000000..001999}.tar")
+      [ "$(echo "$o" | field records)" = $n ] || { echo "s3: record count mismatch (http)" >&2; exit 1; }
+      r=$(echo "$o" | field seconds | awk -v n=$n '{ printf "%.1f", n / $1 }')
+      if awk -v x="$r" -v y="$best_http" 'BEGIN { exit !(x > y) }'; then best_http=$r; fi
+      o=$(python3 bench/boto3_get.py "$endpoint" bkt 32 "@$ngx/keys")
+      [ "$(echo "$o" | field objects)" = $n ] || { echo "s3: boto3 object count mismatch" >&2; exit 1; }
+      r=$(echo "$o" | field objects_per_s)
+      if awk -v x="$r" -v y="$best_boto" 'BEGIN { exit !(x > y) }'; then best_boto=$r; fi
+    done
+    echo "{\"bench\":\"s3_many_objects\",\"objects\":$n,\"sluice_s3_objects_per_s\":$best_s3,\"sluice_http_objects_per_s\":$best_http,\"boto3_32_threads_objects_per_s\":$best_boto,\"ratio_to_boto3\":$(ratio "$best_s3" "$best_boto"),\"ratio_to_plain_http\":$(ratio "$best_s3" "$best_http")}"
+    echo "s3 2,000 x 100 KiB (sluice parses + batches): sluice over S3 $best_s3 objects/s, over plain HTTP $best_http, boto3 get_object x 32 threads $best_boto; ratio to boto3 $(ratio "$best_s3" "$best_boto"), to plain HTTP $(ratio "$best_s3" "$best_http")" >&2
+    # One 1 GiB object: sluice (ranged parts) against boto3's single get_object stream.
+    best_s3=0 best_boto=0
+    for i in 1 2 3; do
+      o=$("$probe" --format chunks --json --quiet --endpoint "$endpoint" s3://bkt/big.bin)
+      [ "$(echo "$o" | field payload_bytes)" = 1073741824 ] || { echo "s3: size mismatch" >&2; exit 1; }
+      g=$(echo "$o" | field bytes_per_s | awk '{ printf "%.3f", $1 / 1e9 }')
+      if awk -v x="$g" -v y="$best_s3" 'BEGIN { exit !(x > y) }'; then best_s3=$g; fi
+      o=$(python3 bench/boto3_get.py "$endpoint" bkt 1 big.bin)
+      g=$(echo "$o" | field bytes_per_s | awk '{ printf "%.3f", $1 / 1e9 }')
+      if awk -v x="$g" -v y="$best_boto" 'BEGIN { exit !(x > y) }'; then best_boto=$g; fi
+    done
+    echo "{\"bench\":\"s3_one_object\",\"bytes\":1073741824,\"sluice_gb_per_s\":$best_s3,\"boto3_gb_per_s\":$best_boto,\"ratio\":$(ratio "$best_s3" "$best_boto")}"
+    echo "s3 one 1 GiB object: sluice $best_s3 GB/s, boto3 get_object $best_boto GB/s, ratio $(ratio "$best_s3" "$best_boto")" >&2
+    # Listing and fetching through s3rver: sluice against `aws s3 cp --recursive`.
+    s3rver=tests/support/s3rver/node_modules/.bin/s3rver
+    if [ -x "$s3rver" ] && command -v aws >/dev/null; then
+      sport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+      mkdir -p "$ngx/s3rver" "$ngx/up/bkt" "$ngx/cp"; ln -s "$(cd "$www/o" && pwd)" "$ngx/up/bkt/o"
+      NODE_OPTIONS=--openssl-legacy-provider "$s3rver" -s -d "$ngx/s3rver" -a 127.0.0.1 -p "$sport" > /dev/null 2>&1 & s3rver_pid=$!
+      for i in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$sport/" && break; sleep 0.1; done
+      python3 tests/support/s3_setup.py s3rver "http://127.0.0.1:$sport" "$ngx/up" > /dev/null
+      export AWS_ACCESS_KEY_ID=S3RVER AWS_SECRET_ACCESS_KEY=S3RVER
+      t0=$(now); o=$("$probe" --format tar --batch 256 --no-crc --json --quiet --in-flight 64 --endpoint "http://127.0.0.1:$sport" s3://bkt/o/); t1=$(now)
+      [ "$(echo "$o" | field records)" = $n ] || { echo "s3: record count mismatch (s3rver)" >&2; echo "$o" >&2; exit 1; }
+      sl=$(awk -v a="$t0" -v b="$t1" -v n=$n 'BEGIN { printf "%.1f", n / (b - a) }')
+      t0=$(now); aws --endpoint-url "http://127.0.0.1:$sport" s3 cp --recursive --quiet s3://bkt/o/ "$ngx/cp/"; t1=$(now)
+      [ "$(ls "$ngx/cp" | wc -l)" = $n ] || { echo "s3: aws s3 cp copied $(ls "$ngx/cp" | wc -l) objects" >&2; exit 1; }
+      aw=$(awk -v a="$t0" -v b="$t1" -v n=$n 'BEGIN { printf "%.1f", n / (b - a) }')
+      echo "{\"bench\":\"s3_list_and_fetch_s3rver\",\"objects\":$n,\"sluice_objects_per_s\":$sl,\"aws_s3_cp_objects_per_s\":$aw,\"ratio\":$(ratio "$sl" "$aw")}"
+      echo "s3 list + fetch 2,000 objects from s3rver (whole process, listing included): sluice $sl objects/s, aws s3 cp --recursive $aw objects/s, ratio $(ratio "$sl" "$aw")" >&2
+    else
+      echo "s3: s3rver or the aws CLI missing: the aws s3 cp comparison is skipped" >&2
+    fi
+    kill $ngx_pid $s3rver_pid 2>/dev/null; wait $ngx_pid $s3rver_pid 2>/dev/null || true; rm -rf "$ngx"; trap - EXIT
     ;;
   local)
     # Peer: cat of the same files to /dev/null, warm cache. Goal: sluice >= 0.8 x cat.

@@ -288,10 +288,15 @@ int main(int argc, char** argv) {
     const options o = parse(argc, argv);
 
     // http(s) and s3 sources go through fetch(), local ones through read(); one kind per
-    // run. Expanded (and S3 prefixes listed) once, here.
-    std::vector<std::string> expanded;
+    // run, told by the patterns (list files are expanded to see what they hold).
+    std::vector<std::string> kinds;
     try {
-        expanded = sluice::expand(o.sources, o.s3);
+        for (auto& s : o.sources)
+            if (s.starts_with("@")) {
+                for (auto& e : sluice::expand({s}, o.s3)) kinds.push_back(std::move(e));
+            } else {
+                kinds.push_back(s);
+            }
     } catch (const std::exception& e) {
         std::cerr << "sluice-probe: " << e.what() << "\n";
         return 1;
@@ -299,10 +304,10 @@ int main(int argc, char** argv) {
     auto is_http = [](const std::string& u) {
         return u.starts_with("http://") || u.starts_with("https://") || u.starts_with("s3://");
     };
-    const bool http = !expanded.empty() && is_http(expanded.front());
-    for (auto& u : expanded)
+    const bool http = !kinds.empty() && is_http(kinds.front());
+    for (auto& u : kinds)
         if (is_http(u) != http) usage_error("sources must be all local paths or all URLs");
-    auto shards = sluice::from<std::string>(std::move(expanded)) |
+    auto shards = sluice::list(o.sources, o.s3) |
                   sluice::plan({.epochs = o.epochs, .seed = o.seed, .rank = o.rank, .world = o.world});
     auto src = http ? shards | sluice::fetch({.in_flight = o.in_flight,
                                               .min_in_flight = o.min_in_flight,
