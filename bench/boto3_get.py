@@ -44,7 +44,7 @@ def main():
         total = sum(pool.map(get, keys))
     s = time.perf_counter() - t0
     print(json.dumps({"objects": len(keys), "bytes": total, "seconds": round(s, 4),
-                      "objects_per_s": round(len(keys) / s, 1), "bytes_per_s": round(total / s)}))
+                      "objects_per_s": round(len(keys) / s, 1), "bytes_per_s": round(total / s)}, separators=(",", ":")))
 
 
 if __name__ == "__main__":

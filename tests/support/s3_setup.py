@@ -32,7 +32,7 @@ def upload(s3, root):
     for bucket in sorted(os.listdir(root)):
         base = os.path.join(root, bucket)
         s3.create_bucket(Bucket=bucket)
-        for d, _, files in os.walk(base):
+        for d, _, files in os.walk(base, followlinks=True):
             for f in files:
                 path = os.path.join(d, f)
                 jobs.append((bucket, os.path.relpath(path, base), path))

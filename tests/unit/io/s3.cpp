@@ -485,3 +485,21 @@ TEST_CASE("s3: missing credentials stop the fetch with an error that says where 
                                           home / ".aws/credentials [default] (no such file), ") &&
                             Catch::Contains("for 's3://bucket/key.tar'"));
 }
+
+TEST_CASE("s3: virtual-hosted requests reach bucket.host, path-style ones host/bucket", "[s3][addressing]") {
+    // nginx answers only requests for the host bkt.localhost (curl resolves *.localhost
+    // to loopback by itself); anonymous, as for a public bucket.
+    sluice_test::temp_dir www;
+    www.write("train/a.bin", "virtual");
+    www.write("bkt/train/a.bin", "path");
+    sluice_test::nginx_server nginx(www.path().string(), false, "    if ($host != \"bkt.localhost\") { return 421; }\n");
+    const std::string endpoint = "http://localhost:" + std::to_string(nginx.port());
+    auto fetch_one = [&](sluice::s3_addressing a) {
+        sluice::pipeline p(sluice::list("s3://bkt/train/a.bin") | sluice::plan() |
+                           sluice::fetch({.s3 = {.endpoint = endpoint, .addressing = a, .anonymous = true}}) | sluice::raw());
+        return std::string(p.next_blocking()->data.view());
+    };
+    REQUIRE(fetch_one(sluice::s3_addressing::virtual_hosted) == "virtual");
+    // The same server refuses other hosts: path style (automatic for localhost) gets 421.
+    REQUIRE_THROWS_WITH(fetch_one(sluice::s3_addressing::automatic), "sluice: cannot fetch (HTTP 421) 's3://bkt/train/a.bin'");
+}
