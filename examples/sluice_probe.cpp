@@ -55,7 +55,7 @@ options:
   --ordered              http(s): objects delivered in shard order (default: as completed)
   --retries N            http(s): retries of one object after transient failures (default 8)
   --stall-seconds S      http(s): no byte for S seconds fails (and retries) a transfer (default 30)
-  --ca-file FILE         https: trust this CA bundle instead of the system's
+  --ca-file FILE         https: trust this CA bundle instead of the system's (S3 listings too)
   --insecure             https: do not verify certificates (explicitly unsafe)
   --endpoint URL         s3: the S3 endpoint (default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL,
                          the profile's endpoint_url, else AWS for the region)
@@ -182,6 +182,7 @@ options parse(int argc, char** argv) {
             if (o.stall == 0) usage_error("--stall-seconds must be at least 1");
         } else if (a == "--ca-file") {
             o.ca_file = value();
+            o.s3.ca_bundle = o.ca_file;  // listings too
         } else if (a == "--insecure") {
             o.insecure = true;
         } else if (a == "--endpoint") {

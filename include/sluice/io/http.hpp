@@ -6,6 +6,7 @@
 #include <sluice/core/record.hpp>
 #include <sluice/core/stage.hpp>
 #include <sluice/io/detail/curl_engine.hpp>
+#include <sluice/io/detail/curl_errors.hpp>
 
 #include <asio/steady_timer.hpp>
 
@@ -64,25 +65,6 @@ struct fetch_options {
 
 namespace detail {
 
-inline bool retryable_curl(CURLcode c) {
-    switch (c) {
-    case CURLE_COULDNT_CONNECT:
-    case CURLE_COULDNT_RESOLVE_HOST:
-    case CURLE_OPERATION_TIMEDOUT:
-    case CURLE_PARTIAL_FILE:
-    case CURLE_RECV_ERROR:
-    case CURLE_SEND_ERROR:
-    case CURLE_GOT_NOTHING:
-    case CURLE_HTTP2:
-    case CURLE_HTTP2_STREAM:
-    case CURLE_SSL_CONNECT_ERROR:
-    case CURLE_WEIRD_SERVER_REPLY:
-        return true;
-    default:
-        return false;
-    }
-}
-inline bool retryable_status(long s) { return s == 408 || s == 429 || s == 500 || s == 502 || s == 503 || s == 504; }
 
 /// Waits on the coroutine's executor.
 struct sleep_for {
@@ -244,7 +226,7 @@ struct fetch_state {
         req.stall_seconds = static_cast<long>(o.stall.count());
         req.max_redirects = o.max_redirects;
         req.verify_tls = !o.insecure;
-        req.ca_file = o.ca_file;
+        req.ca_file = !o.ca_file.empty() ? o.ca_file : where.second.ca_bundle;
         req.mem = ctx.rt.buffers();  // shared: the engine's thread may outlive this pipeline's runtime
         p.t = std::make_shared<http_transfer>(std::move(req));
         requests.fetch_add(1, std::memory_order_relaxed);

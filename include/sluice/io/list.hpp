@@ -145,7 +145,9 @@ inline std::vector<std::string> expand(const std::vector<std::string>& patterns,
 inline source<std::string> list(std::vector<std::string> patterns, s3_options s3 = {}) {
     auto pats = std::make_shared<const std::vector<std::string>>(std::move(patterns));
     return make_stage<void, std::string>(
-        "list", {.on = pool::io, .buffer = {1024, 0}},
+        // On the CPU pool: listing blocks (globs, directories, S3 pages), and the I/O
+        // thread is what every fetch and read shares.
+        "list", {.on = pool::cpu, .buffer = {1024, 0}},
         [pats, s3](stage_context<void, std::string>& ctx) -> task<void> {
             for (auto& path : expand(*pats, s3)) co_await ctx.out.send(std::move(path));
         });

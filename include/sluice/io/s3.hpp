@@ -15,6 +15,7 @@
 // Credentials live in the request only: never in a URL, a message, a log or a counter.
 
 #include <sluice/core/error.hpp>
+#include <sluice/io/detail/curl_errors.hpp>
 
 #include <curl/curl.h>
 #include <pugixml.hpp>
@@ -22,6 +23,7 @@
 #include <fnmatch.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -52,8 +54,14 @@ enum class s3_addressing { automatic, virtual_hosted, path };
 ///   default ~/.aws/credentials), else in the config file (`AWS_CONFIG_FILE`, default
 ///   ~/.aws/config). The profile is this, else `AWS_PROFILE`, else `default`; a profile
 ///   named here wins over the environment's keys (as `aws --profile` does).
-/// Not read: instance metadata (IMDS), container credentials, SSO, assume-role and
-/// credential_process profiles; export their keys to the environment instead.
+/// - addressing: this, else the profile's `s3 =` / `addressing_style` (path, virtual);
+/// - CA bundle for https: this, else `AWS_CA_BUNDLE`, the profile's `ca_bundle`, else the
+///   system's (fetch_options::ca_file, when set, wins for objects).
+/// Environment keys half set (an id without a secret) are an error, not skipped.
+/// Credentials are read once per stage, when its first s3:// URL comes. Not read:
+/// instance metadata (IMDS), container credentials, SSO, assume-role and
+/// credential_process profiles; export their keys to the environment instead (and
+/// restart before temporary ones expire: an ExpiredToken reply is not retried).
 struct s3_options {
     std::string endpoint = {};
     std::string region = {};
@@ -61,6 +69,7 @@ struct s3_options {
     s3_addressing addressing = s3_addressing::automatic;
     /// No signature: for public buckets.
     bool anonymous = false;
+    std::string ca_bundle = {};
 };
 
 namespace detail {
@@ -124,6 +133,7 @@ struct s3_credentials {
 
 /// Everything resolved: what one request needs.
 struct s3_config {
+    std::string ca_bundle;
     std::string scheme = "https";  // of the endpoint
     std::string host;              // with :port when given; IPv6 in brackets
     std::string base_path;         // the endpoint's own path, without a trailing '/'
@@ -139,7 +149,9 @@ inline std::string env_or(const char* name, std::string fallback = {}) {
     return v && *v ? std::string(v) : std::move(fallback);
 }
 
-/// One section of an AWS INI file (credentials or config) as key/value pairs.
+/// One section of an AWS INI file (credentials or config) as key/value pairs; keys in
+/// lower case, nested ones (`s3 =` then indented `addressing_style = path`) as
+/// `s3.addressing_style`.
 struct ini_section {
     bool file = false;   // the file could be read
     bool found = false;  // and has the section
@@ -158,26 +170,51 @@ inline std::string trim(std::string_view s) {
     return std::string(s.substr(a, b - a + 1));
 }
 
-/// Reads `[section]` of an AWS INI file. Nested values (an indented line under `s3 =`)
-/// are skipped; comments start with # or ;.
-inline ini_section read_ini(const std::string& path, std::string_view section) {
+inline std::string lower(std::string s) {
+    for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+}
+
+/// A section header's name: `[ name ]` (a comment may follow), `profile  x` → `profile x`.
+inline std::string ini_header(std::string_view t) {
+    const auto close = t.find(']');
+    std::string name = trim(t.substr(1, close == std::string_view::npos ? std::string_view::npos : close - 1));
+    if (name.starts_with("profile") && name.size() > 7 && (name[7] == ' ' || name[7] == '\t'))
+        name = "profile " + trim(std::string_view(name).substr(8));
+    return name;
+}
+
+/// Reads one section of an AWS INI file: `sections` lists the names it may go by (the
+/// config file's default profile is `[default]` or `[profile default]`). Comments start
+/// with # or ; at the start of a line.
+inline ini_section read_ini(const std::string& path, const std::vector<std::string>& sections) {
     ini_section out;
     std::ifstream in(path);
     if (!in) return out;
     out.file = true;
     bool inside = false;
+    std::string parent;  // the key of a nested block (`s3 =`)
     for (std::string line; std::getline(in, line);) {
         const std::string t = trim(line);
         if (t.empty() || t[0] == '#' || t[0] == ';') continue;
-        if (t.front() == '[' && t.back() == ']') {
-            inside = trim(std::string_view(t).substr(1, t.size() - 2)) == section;
+        if (t.front() == '[') {
+            const std::string name = ini_header(t);
+            inside = std::find(sections.begin(), sections.end(), name) != sections.end();
             if (inside) out.found = true;
+            parent.clear();
             continue;
         }
-        if (!inside || line[0] == ' ' || line[0] == '\t') continue;
         const auto eq = t.find('=');
-        if (eq == std::string::npos) continue;
-        out.values.emplace_back(trim(std::string_view(t).substr(0, eq)), trim(std::string_view(t).substr(eq + 1)));
+        if (!inside || eq == std::string::npos) continue;
+        std::string key = lower(trim(std::string_view(t).substr(0, eq)));
+        std::string value = trim(std::string_view(t).substr(eq + 1));
+        const bool nested = line[0] == ' ' || line[0] == '\t';
+        if (!nested) {
+            parent = value.empty() ? key : std::string();
+            out.values.emplace_back(std::move(key), std::move(value));
+        } else if (!parent.empty()) {
+            out.values.emplace_back(parent + "." + key, std::move(value));
+        }
     }
     return out;
 }
@@ -210,8 +247,15 @@ inline s3_config resolve_s3(const s3_options& o, const std::string& url) {
     const std::string profile = !o.profile.empty() ? o.profile : env_or("AWS_PROFILE", "default");
     const std::string cred_file = home_file("AWS_SHARED_CREDENTIALS_FILE", "credentials");
     const std::string config_file = home_file("AWS_CONFIG_FILE", "config");
-    const ini_section creds = read_ini(cred_file, profile);
-    const ini_section conf = read_ini(config_file, profile == "default" ? profile : "profile " + profile);
+    const ini_section creds = read_ini(cred_file, {profile});
+    const ini_section conf = read_ini(config_file, profile == "default" ? std::vector<std::string>{"default", "profile default"}
+                                                                        : std::vector<std::string>{"profile " + profile});
+    if (c.addressing == s3_addressing::automatic) {
+        const std::string style = lower(conf.get("s3.addressing_style"));
+        if (style == "path") c.addressing = s3_addressing::path;
+        else if (style == "virtual") c.addressing = s3_addressing::virtual_hosted;
+    }
+    c.ca_bundle = !o.ca_bundle.empty() ? o.ca_bundle : env_or("AWS_CA_BUNDLE", conf.get("ca_bundle"));
 
     c.region = !o.region.empty() ? o.region
                                  : env_or("AWS_REGION", env_or("AWS_DEFAULT_REGION", conf.get("region")));
@@ -220,12 +264,15 @@ inline s3_config resolve_s3(const s3_options& o, const std::string& url) {
     std::string endpoint = !o.endpoint.empty() ? o.endpoint
                                                : env_or("AWS_ENDPOINT_URL_S3", env_or("AWS_ENDPOINT_URL", conf.get("endpoint_url")));
     if (endpoint.empty()) endpoint = "https://s3." + c.region + ".amazonaws.com";
-    if (const auto p = endpoint.find("://"); p != std::string::npos) {
-        c.scheme = endpoint.substr(0, p);
-        endpoint.erase(0, p + 3);
-    }
+    const auto p = endpoint.find("://");
+    if (p == std::string::npos)
+        throw source_error(url, "the S3 endpoint '" + endpoint + "' needs a scheme (http:// or https://), for");
+    c.scheme = lower(endpoint.substr(0, p));
+    endpoint.erase(0, p + 3);
     if (c.scheme != "http" && c.scheme != "https")
         throw source_error(url, "the S3 endpoint's scheme must be http or https, not '" + c.scheme + "', for");
+    if (endpoint.find_first_of("@?#") != std::string::npos)  // not echoed: it may hold a password
+        throw source_error(url, "the S3 endpoint must be scheme://host[:port][/path], without user, query or fragment, for");
     const auto slash = endpoint.find('/');
     c.host = endpoint.substr(0, slash);
     if (slash != std::string::npos) c.base_path = endpoint.substr(slash);
@@ -244,6 +291,12 @@ inline s3_config resolve_s3(const s3_options& o, const std::string& url) {
         return true;
     };
     const std::string env_key = env_or("AWS_ACCESS_KEY_ID"), env_secret = env_or("AWS_SECRET_ACCESS_KEY");
+    if (o.profile.empty() && env_key.empty() != env_secret.empty())
+        throw source_error(url, std::string("partial AWS credentials in the environment: ") +
+                                    (env_key.empty() ? "AWS_SECRET_ACCESS_KEY is set, AWS_ACCESS_KEY_ID is not"
+                                                     : "AWS_ACCESS_KEY_ID is set, AWS_SECRET_ACCESS_KEY is not") +
+                                    ", for",
+                           std::make_error_code(std::errc::permission_denied));
     if (o.profile.empty() && !env_key.empty() && !env_secret.empty()) {
         c.creds = {env_key, env_secret, env_or("AWS_SESSION_TOKEN")};
         c.where = "the environment";
@@ -277,27 +330,38 @@ inline std::string s3_http_url(const s3_config& c, const s3_location& l, std::st
     return url;
 }
 
-/// What signs one request: the parts of s3_config curl needs, owned by the request.
+/// What one S3 request needs beyond its URL: the parts of s3_config curl needs, owned by
+/// the request. `s3` false: not an S3 request (nothing is set).
 struct s3_auth {
+    bool s3 = false;
     bool sign = false;
     std::string region = {}, access_key = {}, secret_key = {}, session_token = {};
     /// The x-amz-content-sha256 value: our requests are GETs without a body.
     std::string payload_hash = "UNSIGNED-PAYLOAD";
     std::string amz_date = {};  // tests: sign as of this time (YYYYMMDDTHHMMSSZ); else now
+    std::string ca_bundle = {};
 };
 
 inline s3_auth auth_of(const s3_config& c) {
-    if (c.anonymous) return {};
-    return {.sign = true,
+    if (c.anonymous) return {.s3 = true, .ca_bundle = c.ca_bundle};
+    return {.s3 = true,
+            .sign = true,
             .region = c.region,
             .access_key = c.creds.access_key,
             .secret_key = c.creds.secret_key,
-            .session_token = c.creds.session_token};
+            .session_token = c.creds.session_token,
+            .ca_bundle = c.ca_bundle};
 }
 
-/// Sets SigV4 on an easy handle; adds S3's headers to `headers` (which the caller sets
-/// as CURLOPT_HTTPHEADER after and frees when done). `sigv4_param` must outlive the call.
+/// Sets an easy handle up for S3: the path exactly as written (S3 keys may hold "/../"
+/// and "/./", which curl would otherwise collapse, fetching another key), no redirects
+/// (a signature does not survive a change of host, and the session token header would
+/// follow it: S3's 301/307 replies become errors naming the code), and SigV4. Adds S3's
+/// headers to `headers` (which the caller sets as CURLOPT_HTTPHEADER after and frees).
 inline void s3_sign(CURL* e, curl_slist*& headers, const s3_auth& a, std::string& sigv4_param) {
+    if (!a.s3) return;
+    curl_easy_setopt(e, CURLOPT_PATH_AS_IS, 1L);
+    curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
     if (!a.sign) return;
     sigv4_param = "aws:amz:" + a.region + ":s3";
     curl_easy_setopt(e, CURLOPT_AWS_SIGV4, sigv4_param.c_str());  // copied by curl
@@ -325,9 +389,11 @@ inline pugi::xml_node xml_child(const pugi::xml_node& parent, std::string_view n
 
 /// An S3 error reply's body → "Code: Message (RequestId R)"; empty when it is not one.
 /// Other elements (StringToSign, CanonicalRequest, AWSAccessKeyId...) are left out.
+/// A body cut short (only its start is kept) still gives what was parsed before the cut.
 inline std::string s3_error_text(std::string_view body) {
     pugi::xml_document doc;
-    if (body.empty() || !doc.load_buffer(body.data(), body.size())) return {};
+    if (body.empty()) return {};
+    (void)doc.load_buffer(body.data(), body.size());
     const auto err = doc.document_element();
     if (!local_name_is(err, "Error")) return {};
     std::string code = xml_child(err, "Code").text().get();
@@ -371,8 +437,8 @@ struct s3_reply {
 };
 
 /// A blocking GET for small replies (listings), signed per `a`.
-inline void s3_get(const std::string& url, const s3_auth& a, s3_reply& r, long timeout_s = 60,
-                   const std::string& ca_file = {}, bool insecure = false) {
+inline void s3_get(const std::string& url, const s3_auth& a, s3_reply& r, const std::string& ca_file = {},
+                   long timeout_s = 60) {
     static const bool global = [] { return curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK; }();
     (void)global;
     CURL* e = curl_easy_init();
@@ -387,8 +453,6 @@ inline void s3_get(const std::string& url, const s3_auth& a, s3_reply& r, long t
     curl_easy_setopt(e, CURLOPT_ERRORBUFFER, r.errbuf);
     curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(e, CURLOPT_TIMEOUT, timeout_s);
-    curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, insecure ? 0L : 1L);
-    curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, insecure ? 0L : 2L);
     if (!ca_file.empty()) curl_easy_setopt(e, CURLOPT_CAINFO, ca_file.c_str());
     curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, +[](char* p, std::size_t s, std::size_t n, void* ud) {
         static_cast<std::string*>(ud)->append(p, s * n);
@@ -421,7 +485,9 @@ inline std::string s3_failure(const s3_reply& r) {
 /// matches (fnmatch, `*` crossing '/'). Keys ending in '/' (folder markers) are left out.
 /// Transient failures (503 SlowDown, 500, connection errors) are retried `retries` times
 /// with jittered backoff.
-inline std::vector<std::string> s3_list(const s3_options& opts, const std::string& url, unsigned retries = 8) {
+/// `max_keys` (0: the server's default, 1,000 on AWS) sets the page size (tests).
+inline std::vector<std::string> s3_list(const s3_options& opts, const std::string& url, unsigned retries = 8,
+                                        unsigned max_keys = 0) {
     auto loc = parse_s3_url(url);
     if (!loc) throw source_error(url, "not an s3://bucket/prefix URL:");
     const s3_config c = resolve_s3(opts, url);
@@ -436,14 +502,14 @@ inline std::vector<std::string> s3_list(const s3_options& opts, const std::strin
         std::vector<std::pair<std::string, std::string>> q{{"list-type", "2"}};
         if (!prefix.empty()) q.emplace_back("prefix", prefix);
         if (!token.empty()) q.emplace_back("continuation-token", token);
+        if (max_keys) q.emplace_back("max-keys", std::to_string(max_keys));
         const std::string http = s3_http_url(c, {loc->bucket, ""}, s3_query(std::move(q)));
         s3_reply r;
         for (unsigned attempt = 0;; ++attempt) {
             r = s3_reply{};
-            s3_get(http, auth, r);
+            s3_get(http, auth, r, auth.ca_bundle);
             const bool ok = r.result == CURLE_OK && r.status == 200;
-            const bool transient = r.result != CURLE_OK || r.status == 429 || r.status == 500 || r.status == 502 ||
-                                   r.status == 503 || r.status == 504;
+            const bool transient = r.result != CURLE_OK ? retryable_curl(r.result) : retryable_status(r.status);
             if (ok) break;
             if (!transient || attempt >= retries) {
                 std::string what = s3_failure(r);

@@ -104,7 +104,8 @@ std::string header_value(const std::string& head, const std::string& name) {
 }
 
 sluice::detail::s3_auth example_auth() {
-    return {.sign = true,
+    return {.s3 = true,
+            .sign = true,
             .region = "us-east-1",
             .access_key = example_key,
             .secret_key = example_secret,
@@ -174,6 +175,53 @@ TEST_CASE("s3: a session token is sent and signed, anonymous requests carry no s
     const auto anon = signed_request("http://examplebucket.s3.amazonaws.com/test.txt", {});
     REQUIRE(header_value(anon, "Authorization").empty());
     REQUIRE(header_value(anon, "x-amz-content-sha256").empty());
+}
+
+TEST_CASE("s3: keys with /./ and /../ are sent as written, not collapsed into another key", "[s3]") {
+    const auto cfg = example_config();
+    const auto url = sluice::detail::s3_http_url(cfg, {"examplebucket", "a/../x/./y"});
+    REQUIRE(url == "http://examplebucket.s3.amazonaws.com/a/../x/./y");
+    for (const auto& auth : {example_auth(), sluice::detail::s3_auth{.s3 = true}}) {
+        const auto head = signed_request(url, auth);
+        REQUIRE(head.starts_with("GET /a/../x/./y HTTP/1.1\r\n"));
+    }
+}
+
+TEST_CASE("s3: signatures with UNSIGNED-PAYLOAD, encoded queries and a session token match botocore's", "[s3][sigv4]") {
+    if (sluice_test::run({"/usr/bin/env", "python3", "-c", "import botocore"}).status != 0) {
+        WARN("[test skipped] python3 with botocore is missing");
+        return;
+    }
+    const auto cfg = example_config();
+    struct example {
+        std::string key;
+        std::vector<std::pair<std::string, std::string>> query;
+        std::string token;
+    };
+    const std::vector<example> examples{
+        {"train/shard 000+1=(2).tar", {}, ""},
+        {"", {{"list-type", "2"}, {"prefix", "train/a b+c"}, {"continuation-token", "1/rQN5m50rp+subkeh1Emp=="}}, ""},
+        {"\xc3\xa9t\xc3\xa9/x~y.bin", {}, "FQoGZXIvYXdzEXAMPLE/TOKEN+=="},
+    };
+    for (const auto& ex : examples) {
+        auto auth = example_auth();
+        auth.payload_hash = "UNSIGNED-PAYLOAD";
+        auth.session_token = ex.token;
+        const auto url = sluice::detail::s3_http_url(cfg, {"examplebucket", ex.key}, sluice::detail::s3_query(ex.query));
+        INFO(url);
+        std::vector<std::string> argv{"/usr/bin/env", "python3", SLUICE_SIGV4_BOTOCORE, url, auth.amz_date,
+                                      example_key, example_secret, "us-east-1", "UNSIGNED-PAYLOAD"};
+        if (!ex.token.empty()) argv.push_back(ex.token);
+        const auto want = sluice_test::run(argv);
+        INFO(want.err);
+        REQUIRE(want.status == 0);
+        const auto space = want.out.find(' ');
+        const std::string signed_headers = want.out.substr(0, space);
+        const std::string signature = want.out.substr(space + 1, 64);
+        const auto got = header_value(signed_request(url, auth), "Authorization");
+        REQUIRE(got == "AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/20130524/us-east-1/s3/aws4_request, SignedHeaders=" +
+                           signed_headers + ", Signature=" + signature);
+    }
 }
 
 TEST_CASE("s3: URLs: virtual-hosted by default, path style for IPs, localhost, odd buckets or when asked", "[s3]") {
@@ -271,6 +319,50 @@ TEST_CASE("s3: endpoint, region and credentials are found in the AWS CLI's order
         REQUIRE_THROWS_WITH(sluice::detail::resolve_s3({.endpoint = "ftp://x"}, url),
                             Catch::Contains("the S3 endpoint's scheme must be http or https, not 'ftp'"));
     }
+    SECTION("the config file as botocore reads it: [profile default], comments after headers, spaces, case, nested s3 =") {
+        const auto cfg2 = d.write("config2",
+                                  "[profile default] ; the default profile, named the long way\n"
+                                  "Region = eu-north-1\n"
+                                  "[profile   spaced]\nregion = sa-east-1\ns3 =\n  addressing_style = virtual\n"
+                                  "endpoint_url = http://localhost:9000\n");
+        scoped_env env(clean({{"AWS_CONFIG_FILE", cfg2}, {"AWS_ACCESS_KEY_ID", "AKIDENV"}, {"AWS_SECRET_ACCESS_KEY", "s"}}));
+        auto c = sluice::detail::resolve_s3({}, url);
+        REQUIRE(c.region == "eu-north-1");
+        c = sluice::detail::resolve_s3({.profile = "spaced", .anonymous = true}, url);
+        REQUIRE(c.region == "sa-east-1");
+        REQUIRE(c.addressing == sluice::s3_addressing::virtual_hosted);  // over localhost's automatic path style
+        REQUIRE(sluice::detail::s3_http_url(c, {"b", "k"}) == "http://b.localhost:9000/k");
+    }
+    SECTION("the profile's nested addressing_style; options win over it") {
+        scoped_env env(clean({}));
+        auto c = sluice::detail::resolve_s3({.profile = "cfg"}, url);
+        REQUIRE(c.addressing == sluice::s3_addressing::path);
+        c = sluice::detail::resolve_s3({.profile = "cfg", .addressing = sluice::s3_addressing::virtual_hosted}, url);
+        REQUIRE(c.addressing == sluice::s3_addressing::virtual_hosted);
+    }
+    SECTION("half-set environment keys and malformed endpoints are errors") {
+        {
+            scoped_env env(clean({{"AWS_ACCESS_KEY_ID", "AKIDENV"}}));
+            REQUIRE_THROWS_WITH(sluice::detail::resolve_s3({}, url),
+                                Catch::StartsWith("sluice: partial AWS credentials in the environment: AWS_ACCESS_KEY_ID is "
+                                                  "set, AWS_SECRET_ACCESS_KEY is not, for 's3://b/k'"));
+        }
+        scoped_env env(clean({}));
+        REQUIRE_THROWS_WITH(sluice::detail::resolve_s3({.endpoint = "localhost:9000"}, url),
+                            Catch::Contains("the S3 endpoint 'localhost:9000' needs a scheme (http:// or https://)"));
+        const auto msg = [&](const std::string& e) {
+            try {
+                sluice::detail::resolve_s3({.endpoint = e}, url);
+            } catch (const std::exception& x) {
+                return std::string(x.what());
+            }
+            return std::string();
+        };
+        const auto m = msg("http://user:hunter2@minio:9000");
+        REQUIRE(m.find("without user, query or fragment") != std::string::npos);
+        REQUIRE(m.find("hunter2") == std::string::npos);
+        REQUIRE(sluice::detail::resolve_s3({.endpoint = "HTTP://Minio:9000"}, url).scheme == "http");
+    }
     SECTION("no credentials: an error that says where it looked and what to do") {
         scoped_env env(clean({{"AWS_PROFILE", "nobody"}, {"AWS_CONFIG_FILE", d / "no-such-config"}}));
         REQUIRE_THROWS_WITH(sluice::detail::resolve_s3({}, url),
@@ -292,6 +384,14 @@ TEST_CASE("s3: XML replies are read whatever their namespace", "[s3][xml]") {
                           "<AWSAccessKeyId>AKIDX</AWSAccessKeyId><RequestId>R1</RequestId></Error>") ==
             "SignatureDoesNotMatch: The request signature we calculated does not match (RequestId R1)");
     REQUIRE(s3_error_text("<s3:Error xmlns:s3=\"urn:x\"><s3:Code>SlowDown</s3:Code></s3:Error>") == "SlowDown");
+    // A long reply (AWS echoes the canonical request, token included) is kept only in
+    // part: what came before the cut still gives the message, and nothing else.
+    const std::string token = "IQoJb3JpZ2luX2VjEXAMPLETOKEN";
+    std::string longer = "<Error><Code>SignatureDoesNotMatch</Code><Message>Check your key</Message><RequestId>R2</RequestId>"
+                         "<CanonicalRequest>GET\n/k\n\nx-amz-security-token:" + token + std::string(20000, 'x') +
+                         "</CanonicalRequest></Error>";
+    longer.resize(16384);
+    REQUIRE(s3_error_text(longer) == "SignatureDoesNotMatch: Check your key (RequestId R2)");
     REQUIRE(s3_error_text("<html><body>Bad gateway</body></html>").empty());
     REQUIRE(s3_error_text("not xml <Code>").empty());
 
@@ -413,15 +513,24 @@ TEST_CASE("s3: s3rver: more than 1,000 keys page through continuation tokens wit
     sluice_test::scoped_env env({{"AWS_ACCESS_KEY_ID", "S3RVER"}, {"AWS_SECRET_ACCESS_KEY", "S3RVER"}, {"AWS_PROFILE", std::nullopt}});
 
     // The server's tokens do carry the characters that must be encoded (else this test
-    // would prove nothing about encoding them).
+    // would prove nothing about encoding them): its tokens are random base64, so walk
+    // 100-key pages and look at all 21 of them.
     const auto cfg = sluice::detail::resolve_s3(o, "s3://data/");
-    sluice::detail::s3_reply page;
-    sluice::detail::s3_get(sluice::detail::s3_http_url(cfg, {"data", ""}, sluice::detail::s3_query({{"list-type", "2"}, {"max-keys", "1000"}})),
-                           sluice::detail::auth_of(cfg), page);
-    REQUIRE(page.status == 200);
-    const auto token = sluice::detail::parse_list_v2(page.body)->next_token;
-    INFO("token " << token);
-    REQUIRE(token.find_first_of("/+=") != std::string::npos);
+    std::string token, with_specials;
+    for (int page = 0; page < 40; ++page) {
+        std::vector<std::pair<std::string, std::string>> q{{"list-type", "2"}, {"max-keys", "100"}};
+        if (!token.empty()) q.emplace_back("continuation-token", token);
+        sluice::detail::s3_reply reply;
+        sluice::detail::s3_get(sluice::detail::s3_http_url(cfg, {"data", ""}, sluice::detail::s3_query(q)),
+                               sluice::detail::auth_of(cfg), reply);
+        REQUIRE(reply.status == 200);
+        token = sluice::detail::parse_list_v2(reply.body)->next_token;
+        if (token.find_first_of("/+=") != std::string::npos) with_specials = token;
+        if (token.empty()) break;
+    }
+    REQUIRE(!with_specials.empty());
+    // The same 100-key pages through s3_list: every token goes back encoded.
+    REQUIRE(sluice::detail::s3_list(o, "s3://data/many/", 8, 100) == want);
 
     // A prefix with '/' (encoded in the query), three pages.
     auto listed = sluice::expand({"s3://data/many/"}, o);
@@ -492,14 +601,20 @@ TEST_CASE("s3: virtual-hosted requests reach bucket.host, path-style ones host/b
     sluice_test::temp_dir www;
     www.write("train/a.bin", "virtual");
     www.write("bkt/train/a.bin", "path");
-    sluice_test::nginx_server nginx(www.path().string(), false, "    if ($host != \"bkt.localhost\") { return 421; }\n");
+    sluice_test::nginx_server nginx(www.path().string(), false,
+                                    "    if ($host != \"bkt.localhost\") { return 421; }\n"
+                                    "    location /moved { return 307 http://127.0.0.1:1/elsewhere; }\n");
     const std::string endpoint = "http://localhost:" + std::to_string(nginx.port());
-    auto fetch_one = [&](sluice::s3_addressing a) {
-        sluice::pipeline p(sluice::list("s3://bkt/train/a.bin") | sluice::plan() |
+    auto fetch_one = [&](sluice::s3_addressing a, std::string url = "s3://bkt/train/a.bin") {
+        sluice::pipeline p(sluice::list(url) | sluice::plan() |
                            sluice::fetch({.s3 = {.endpoint = endpoint, .addressing = a, .anonymous = true}}) | sluice::raw());
         return std::string(p.next_blocking()->data.view());
     };
     REQUIRE(fetch_one(sluice::s3_addressing::virtual_hosted) == "virtual");
     // The same server refuses other hosts: path style (automatic for localhost) gets 421.
     REQUIRE_THROWS_WITH(fetch_one(sluice::s3_addressing::automatic), "sluice: cannot fetch (HTTP 421) 's3://bkt/train/a.bin'");
+    // S3 requests do not follow redirects (a signature and a session token must not go
+    // to another host): the reply is the error.
+    REQUIRE_THROWS_WITH(fetch_one(sluice::s3_addressing::virtual_hosted, "s3://bkt/moved"),
+                        "sluice: cannot fetch (HTTP 307) 's3://bkt/moved'");
 }

@@ -335,7 +335,7 @@ private:
             if (t.status == 200) t.ranged_ignored = t.req.from || t.req.to != http_request::npos;
         }
         if (t.status >= 300) {  // an error reply: keep the start of its body for the message
-            if (t.error_body.size() < 4096) t.error_body.append(p, std::min(len, 4096 - t.error_body.size()));
+            if (t.error_body.size() < 16384) t.error_body.append(p, std::min(len, 16384 - t.error_body.size()));
             return len;
         }
         {
