@@ -80,15 +80,7 @@ struct sleep_for {
 };
 
 inline std::string http_failure(const http_transfer& t) {
-    if (t.result != CURLE_OK) {
-        std::string s = curl_easy_strerror(t.result);
-        if (t.errbuf[0]) s += " (" + std::string(t.errbuf) + ")";
-        return s;
-    }
-    std::string s = "HTTP " + std::to_string(t.status);
-    // S3 and friends say why in an XML body: Code, Message, RequestId.
-    if (auto x = s3_error_text(t.error_body); !x.empty()) s += " " + x;
-    return s;
+    return request_failure(t.result, t.errbuf, t.status, t.error_body);
 }
 
 /// The stage's request budget: additive increase, multiplicative decrease. Blocking

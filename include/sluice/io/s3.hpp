@@ -467,15 +467,16 @@ inline void s3_get(const std::string& url, const s3_auth& a, s3_reply& r, const 
     curl_slist_free_all(headers);
 }
 
-/// "HTTP 403 SignatureDoesNotMatch: ... (RequestId ...)" or curl's reason.
-inline std::string s3_failure(const s3_reply& r) {
-    if (r.result != CURLE_OK) {
-        std::string s = curl_easy_strerror(r.result);
-        if (r.errbuf[0]) s += " (" + std::string(r.errbuf) + ")";
+/// Why a request failed: curl's reason, or "HTTP 403 SignatureDoesNotMatch: ...
+/// (RequestId ...)" (S3 and friends say why in an XML body). Used for fetch and listing.
+inline std::string request_failure(CURLcode result, const char* errbuf, long status, std::string_view body) {
+    if (result != CURLE_OK) {
+        std::string s = curl_easy_strerror(result);
+        if (errbuf[0]) s += " (" + std::string(errbuf) + ")";
         return s;
     }
-    std::string s = "HTTP " + std::to_string(r.status);
-    if (auto x = s3_error_text(r.body); !x.empty()) s += " " + x;
+    std::string s = "HTTP " + std::to_string(status);
+    if (auto x = s3_error_text(body); !x.empty()) s += " " + x;
     return s;
 }
 
@@ -512,7 +513,7 @@ inline std::vector<std::string> s3_list(const s3_options& opts, const std::strin
             const bool transient = r.result != CURLE_OK ? retryable_curl(r.result) : retryable_status(r.status);
             if (ok) break;
             if (!transient || attempt >= retries) {
-                std::string what = s3_failure(r);
+                std::string what = request_failure(r.result, r.errbuf, r.status, r.body);
                 if (transient) what += " after " + std::to_string(attempt + 1) + " attempts";
                 throw source_error(url, "cannot list (" + what + ")");
             }
