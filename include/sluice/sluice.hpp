@@ -20,6 +20,7 @@
 #include <sluice/io/http.hpp>
 #include <sluice/io/list.hpp>
 #include <sluice/io/local.hpp>
+#include <sluice/io/s3.hpp>
 #include <sluice/ops/batch.hpp>
 #include <sluice/ops/from.hpp>
 #include <sluice/ops/map.hpp>
