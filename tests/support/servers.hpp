@@ -49,60 +49,6 @@ inline bool accepts(int port) {
     return ok;
 }
 
-/// A child process, stopped (SIGTERM, then SIGKILL) and reaped by pid on destruction.
-class child {
-public:
-    /// Starts argv with stdout to `out_path` (and stderr to `err_path`).
-    child(const std::vector<std::string>& argv, const std::string& out_path, const std::string& err_path) {
-        pid_ = ::fork();
-        if (pid_ == 0) {
-            if (!std::freopen(out_path.c_str(), "w", stdout) || !std::freopen(err_path.c_str(), "w", stderr)) ::_exit(126);
-            std::vector<char*> args;
-            for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-            args.push_back(nullptr);
-            ::execvp(args[0], args.data());
-            ::_exit(127);
-        }
-    }
-    ~child() { stop(); }
-    child(const child&) = delete;
-    child& operator=(const child&) = delete;
-    pid_t pid() const { return pid_; }
-    bool running() {
-        if (pid_ <= 0) return false;
-        int st = 0;
-        if (::waitpid(pid_, &st, WNOHANG) == pid_) {
-            pid_ = -1;
-            return false;
-        }
-        return true;
-    }
-    void stop() {
-        if (pid_ <= 0) return;
-        ::kill(pid_, SIGTERM);
-        for (int i = 0; i < 200; ++i) {
-            int st = 0;
-            if (::waitpid(pid_, &st, WNOHANG) == pid_) {
-                pid_ = -1;
-                return;
-            }
-            std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        }
-        ::kill(pid_, SIGKILL);
-        int st = 0;
-        ::waitpid(pid_, &st, 0);
-        pid_ = -1;
-    }
-
-private:
-    pid_t pid_ = -1;
-};
-
-inline std::string slurp_file(const std::string& p) {
-    std::ifstream f(p, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
 /// nginx serving `root` on 127.0.0.1:port; with `tls`, HTTPS (HTTP/2 offered) with a
 /// self-signed certificate for 127.0.0.1 made by the openssl CLI (its path: ca_file()).
 /// `extra` goes into the server block (redirects...).

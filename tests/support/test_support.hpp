@@ -1,12 +1,14 @@
 #pragma once
-// Helpers shared by the tests: temporary directories, running programs, reading JSON
-// numbers, and a type that counts its copies, moves and destructions.
+// Helpers shared by the tests: temporary directories, child processes and running
+// programs, reading JSON numbers, and a type that counts its copies, moves and
+// destructions.
 
 #include <sluice/core/detail/random.hpp>
 #include <sluice/core/pipeline.hpp>
 
 #include <catch2/catch.hpp>
 
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +20,8 @@
 #include <optional>
 #include <random>
 #include <regex>
+#include <thread>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -54,30 +58,76 @@ struct run_result {
     std::string out, err;
 };
 
-/// Run argv[0] with arguments, capturing stdout and stderr (through files: no deadlock
-/// on full pipes).
+/// A child process, stopped (SIGTERM, then SIGKILL) and reaped by pid on destruction.
+class child {
+public:
+    /// Starts argv with stdout to `out_path` (and stderr to `err_path`).
+    child(const std::vector<std::string>& argv, const std::string& out_path, const std::string& err_path) {
+        pid_ = ::fork();
+        if (pid_ == 0) {
+            if (!std::freopen(out_path.c_str(), "w", stdout) || !std::freopen(err_path.c_str(), "w", stderr)) ::_exit(126);
+            std::vector<char*> args;
+            for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+            args.push_back(nullptr);
+            ::execvp(args[0], args.data());
+            ::_exit(127);
+        }
+    }
+    ~child() { stop(); }
+    child(const child&) = delete;
+    child& operator=(const child&) = delete;
+    pid_t pid() const { return pid_; }
+    /// Waits for it to exit; its exit status (128 + signal when killed by one).
+    int wait() {
+        int st = 0;
+        if (pid_ <= 0 || ::waitpid(pid_, &st, 0) != pid_) return -1;
+        pid_ = -1;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
+    bool running() {
+        if (pid_ <= 0) return false;
+        int st = 0;
+        if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+            pid_ = -1;
+            return false;
+        }
+        return true;
+    }
+    void stop() {
+        if (pid_ <= 0) return;
+        ::kill(pid_, SIGTERM);
+        for (int i = 0; i < 200; ++i) {
+            int st = 0;
+            if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+                pid_ = -1;
+                return;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        ::kill(pid_, SIGKILL);
+        int st = 0;
+        ::waitpid(pid_, &st, 0);
+        pid_ = -1;
+    }
+
+private:
+    pid_t pid_ = -1;
+};
+
+inline std::string slurp_file(const std::string& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+/// Run argv[0] (found on PATH unless it holds a '/') with arguments, capturing stdout
+/// and stderr (through files: no deadlock on full pipes).
 inline run_result run(const std::vector<std::string>& argv) {
     temp_dir d;
-    const auto out = d / "stdout", err = d / "stderr";
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-        if (!std::freopen(out.c_str(), "w", stdout) || !std::freopen(err.c_str(), "w", stderr)) ::_exit(126);
-        std::vector<char*> args;
-        for (auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-        args.push_back(nullptr);
-        ::execv(args[0], args.data());
-        ::_exit(127);
-    }
-    int st = 0;
-    ::waitpid(pid, &st, 0);
+    child c(argv, d / "stdout", d / "stderr");
     run_result r;
-    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    auto slurp = [](const std::string& p) {
-        std::ifstream f(p, std::ios::binary);
-        return std::string(std::istreambuf_iterator<char>(f), {});
-    };
-    r.out = slurp(out);
-    r.err = slurp(err);
+    r.status = c.wait();
+    r.out = slurp_file(d / "stdout");
+    r.err = slurp_file(d / "stderr");
     return r;
 }
 
