@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs each benchmark beside its peer, on the same data in the same run, and prints the
 # figures and ratios (one JSON object per line on stdout, a summary on stderr).
-#   bench/run.sh [channel|crc32c|local|formats|http|s3|memory]...     (default: all)
+#   bench/run.sh [channel|crc32c|local|formats|http|s3|memory|device]...     (default: all)
 # Data goes to build-release/bench-data (made once: 2.1 GiB of lines; for formats also
 # 2.1 GiB each of tar and TFRecord and a gzip'd copy of the TFRecord set).
 set -euo pipefail
@@ -9,13 +9,13 @@ cd "$(dirname "$0")/.."
 scripts/deps.sh
 build=build-release
 cmake --preset release >/dev/null
-cmake --build --preset release -j"$(nproc)" --target channel_hop crc32c_bench sluice-probe sluice-gen >/dev/null
+cmake --build --preset release -j"$(nproc)" --target channel_hop crc32c_bench device_copy sluice-probe sluice-gen >/dev/null
 probe=$build/examples/sluice-probe
 field() { grep -o "\"$1\":[^,}]*" | head -1 | cut -d: -f2 | tr -d '"'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
 now() { date +%s.%N; }
 what=("$@")
-[ ${#what[@]} -eq 0 ] && what=(channel crc32c local formats http s3 memory)
+[ ${#what[@]} -eq 0 ] && what=(channel crc32c local formats http s3 memory device)
 
 data=$build/bench-data
 make_data() {
@@ -295,6 +295,24 @@ for w in "${what[@]}"; do
     echo "memory: dataset $(ratio "$payload" "$budget") x budgets ($((budget >> 20)) MiB); peak RSS $((rss >> 20)) MiB;" \
          "goal <= $(((budget >> 20) + 64)) MiB" >&2
     ;;
-  *) echo "unknown benchmark $w (channel, crc32c, local, formats, memory)" >&2; exit 2 ;;
+  device)
+    # Peers: the plain host sink (no device stage) and a plain memcpy loop for the host
+    # engine; with a GPU, a bare pinned cudaMemcpyAsync loop (goal: pipeline >= 0.9 of it)
+    # and pageable copies. 2 GiB in batches of 256 x 64 KiB (16 MiB).
+    for threads in 1 2; do
+      out=$("$build/bench/device_copy" --collate-threads "$threads")
+      echo "$out"
+      g() { echo "$out" | grep "\"mode\":\"$1\"" | field gb_per_s; }
+      echo "device [$threads collate thread(s)]: host sink $(g host_sink) GB/s, host engine $(g host_engine) GB/s" \
+           "(ratio $(ratio "$(g host_engine)" "$(g host_sink)")), memcpy loop $(g memcpy_loop) GB/s" >&2
+      if [ -n "$(g cuda_pipeline)" ]; then
+        echo "device [$threads]: cuda pipeline $(g cuda_pipeline) GB/s, bare pinned $(g cuda_pinned) GB/s" \
+             "(ratio $(ratio "$(g cuda_pipeline)" "$(g cuda_pinned)")), pageable $(g cuda_pageable) GB/s" >&2
+      else
+        echo "device: no CUDA figures ($(echo "$out" | grep '"mode":"cuda"' | field skipped))" >&2
+      fi
+    done
+    ;;
+  *) echo "unknown benchmark $w (channel, crc32c, local, formats, http, s3, memory, device)" >&2; exit 2 ;;
   esac
 done

@@ -3,7 +3,8 @@
 //   sluice-probe [options] SOURCE...
 //
 // Reads SOURCEs (paths, globs, brace patterns like data/shard-{000..063}.txt, directories)
-// through list | plan | read | decode | shuffle | batch, checks every record with crc32,
+// through list | plan | read | decode | shuffle | batch [| to_device], checks every record
+// with crc32,
 // prints progress and a per-stage table on stderr, and with --json one JSON object on
 // stdout. Exit status: 0 done, 1 a source failed (the message names it), 2 bad usage.
 
@@ -19,6 +20,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -40,6 +42,12 @@ options:
   --batch N              records per batch (default 32)
   --drop-last            drop a last batch smaller than N
   --collate-threads C    CPU workers collating batches (default 1)
+  --device N             copy each batch to CUDA device N (to_device; the batch stage
+                         collates into pinned memory); the probe waits for each copy.
+                         `--device host`: the same path with the host copy engine
+                         (no GPU needed; memcpy in place of the bus)
+  --ring R               with --device: batches copied ahead of the consumer (default 3)
+  --pinned               collate batches into pinned host memory (the pinned host sink)
   --shuffle N            shuffle buffer in records; 0 = no shuffle (default 0)
   --seed S               seed for the shard order and the shuffle buffer
   --epochs E             passes over the data (default 1)
@@ -80,6 +88,9 @@ struct options {
     std::size_t batch = 32;
     bool drop_last = false;
     unsigned collate_threads = 1;
+    std::optional<int> device;  // -1: the host engine
+    unsigned ring = 3;
+    bool pinned = false;
     std::size_t shuffle = 0;
     std::optional<std::uint64_t> seed;
     unsigned epochs = 1;
@@ -195,6 +206,15 @@ options parse(int argc, char** argv) {
             o.s3.addressing = sluice::s3_addressing::path;
         } else if (a == "--anonymous") {
             o.s3.anonymous = true;
+        } else if (a == "--device") {
+            const std::string v(value());
+            o.device = v == "host" ? -1 : number<int>(a, v);
+            if (*o.device < -1) usage_error("--device takes a CUDA device number or 'host'");
+        } else if (a == "--ring") {
+            o.ring = number<unsigned>(a, value());
+            if (o.ring == 0) usage_error("--ring must be at least 1");
+        } else if (a == "--pinned") {
+            o.pinned = true;
         } else if (a == "--no-crc") {
             o.crc = false;
         } else if (a == "--progress") {
@@ -211,6 +231,7 @@ options parse(int argc, char** argv) {
     }
     if (o.sources.empty()) usage_error("no SOURCE given");
     if (o.world == 0 || o.rank >= o.world) usage_error("--rank must be below --world");
+    if (o.pinned && o.device) usage_error("--pinned is the host sink; --device collates into pinned memory itself");
     return o;
 }
 
@@ -285,6 +306,75 @@ int count_chunks(Source src, const options& o, bool http) {
 
 }  // namespace
 
+// Runs the pipeline to its end and reports: the per-stage table on stderr, the figures as
+// JSON on stdout. Host batches (the host sink) and device batches alike.
+template <class Batches>
+int report(Batches batches, const sluice::pipeline_options& popts, const options& o, bool http,
+           std::uint64_t budget_bytes) {
+    using batch_type = typename Batches::output_type;
+    constexpr bool device = std::is_same_v<batch_type, sluice::device_batch>;
+    sluice::pipeline p(batches, popts);
+
+    std::uint64_t n_records = 0, n_batches = 0, payload = 0, crc_sum = 0;
+    int status = 0;
+    std::string failure;
+    try {
+        for (auto& b : p) {
+            ++n_batches;
+            n_records += b.size();
+            payload += b.byte_size();
+            if (!o.crc) {
+                if constexpr (device) b.synchronize();  // the copy is what is measured
+                continue;
+            }
+            const std::byte* data;
+            const std::vector<std::uint64_t>* offs;
+            if constexpr (device) {
+                // The host engine's memory is readable: check what the copy wrote. A
+                // GPU's is not: check the pinned batch it was copied from.
+                b.synchronize();
+                data = static_cast<const std::byte*>(b.device() < 0 ? b.data() : b.host().data.data());
+                offs = &b.offsets();
+            } else {
+                data = b.data.data();
+                offs = &b.offsets;
+            }
+            for (std::size_t i = 0; i < b.size(); ++i) {
+                const auto begin = (*offs)[i], end = (*offs)[i + 1];
+                crc_sum += crc32_z(0L, reinterpret_cast<const Bytef*>(data + begin), end - begin);
+            }
+        }
+    } catch (const std::exception& e) {
+        failure = e.what();
+        status = 1;
+    }
+    p.stop();
+    const auto f = p.figures();
+    if (status) std::cerr << "sluice-probe: " << failure << "\n";
+    if (!o.quiet) std::cerr << f.table();
+
+    if (o.json) {
+        sluice::detail::json_writer w;
+        const double s = f.seconds > 0 ? f.seconds : 1e-9;
+        w.begin_object();
+        w.key("ok").value(status == 0);
+        if (status) w.key("error").value(failure);
+        w.key("records").value(n_records);
+        w.key("batches").value(n_batches);
+        w.key("payload_bytes").value(payload);
+        if (o.crc) w.key("crc_sum").value(crc_sum);
+        else w.key("crc_sum").value("skipped");
+        w.key("seconds").value(f.seconds);
+        w.key("records_per_s").value(double(n_records) / s);
+        w.key("bytes_per_s").value(double(payload) / s);
+        w.key("corrupt_skipped").value(total_counter(f, "corrupt"));
+        w.key("sink").value(!o.device ? (o.pinned ? "pinned" : "host")
+                            : *o.device < 0 ? "host engine" : "cuda:" + std::to_string(*o.device));
+        finish_report(w, f, http, budget_bytes);
+    }
+    return status;
+}
+
 int main(int argc, char** argv) {
     const options o = parse(argc, argv);
 
@@ -342,47 +432,42 @@ int main(int argc, char** argv) {
     sluice::pipeline_options popts{.runtime = {.cpu_threads = o.threads}};
     if (!o.quiet && o.progress > 0)
         popts.progress = std::chrono::milliseconds(static_cast<long>(o.progress * 1000));
-    sluice::pipeline p(batches, popts);
-
-    std::uint64_t n_records = 0, n_batches = 0, payload = 0, crc_sum = 0;
-    int status = 0;
-    std::string failure;
     try {
-        for (auto& b : p) {
-            ++n_batches;
-            n_records += b.size();
-            payload += b.data.size();
-            if (o.crc)
-                for (std::size_t i = 0; i < b.size(); ++i) {
-                    auto r = b[i];
-                    crc_sum += crc32_z(0L, reinterpret_cast<const Bytef*>(r.data()), r.size());
-                }
+        if (o.pinned) {
+#if defined(SLUICE_HAVE_CUDA)
+            batches = records | sluice::batch({.size = o.batch, .drop_last = o.drop_last, .memory = sluice::pinned_memory(),
+                                               .threads = o.collate_threads, .out = {4, o.channel_bytes}});
+#else
+            throw sluice::error("sluice: --pinned needs the CUDA engine; this sluice-probe was built without the CUDA toolkit");
+#endif
         }
-    } catch (const std::exception& e) {
-        failure = e.what();
-        status = 1;
+        if (o.device) {
+            std::shared_ptr<sluice::copy_engine> engine;
+            if (*o.device < 0) {
+                engine = std::make_shared<sluice::host_engine>();
+            } else {
+#if defined(SLUICE_HAVE_CUDA)
+                engine = std::make_shared<sluice::cuda_engine>(*o.device);
+#else
+                throw sluice::error("sluice: --device " + std::to_string(*o.device) +
+                                    " needs the CUDA engine; this sluice-probe was built without the CUDA toolkit "
+                                    "(--device host runs the same path with the host engine)");
+#endif
+            }
+            return report(batches | sluice::to_device({.device = *o.device, .ring = o.ring}, engine), popts, o, http,
+                          budget_bytes);
+        }
+    } catch (const std::exception& e) {  // no GPU, no pinned memory: before anything ran
+        std::cerr << "sluice-probe: " << e.what() << "\n";
+        if (o.json) {
+            sluice::detail::json_writer w;
+            w.begin_object();
+            w.key("ok").value(false);
+            w.key("error").value(std::string(e.what()));
+            w.end_object();
+            std::cout << w.str() << std::endl;
+        }
+        return 1;
     }
-    p.stop();
-    const auto f = p.figures();
-    if (status) std::cerr << "sluice-probe: " << failure << "\n";
-    if (!o.quiet) std::cerr << f.table();
-
-    if (o.json) {
-        sluice::detail::json_writer w;
-        const double s = f.seconds > 0 ? f.seconds : 1e-9;
-        w.begin_object();
-        w.key("ok").value(status == 0);
-        if (status) w.key("error").value(failure);
-        w.key("records").value(n_records);
-        w.key("batches").value(n_batches);
-        w.key("payload_bytes").value(payload);
-        if (o.crc) w.key("crc_sum").value(crc_sum);
-        else w.key("crc_sum").value("skipped");
-        w.key("seconds").value(f.seconds);
-        w.key("records_per_s").value(double(n_records) / s);
-        w.key("bytes_per_s").value(double(payload) / s);
-        w.key("corrupt_skipped").value(total_counter(f, "corrupt"));
-        finish_report(w, f, http, budget_bytes);
-    }
-    return status;
+    return report(batches, popts, o, http, budget_bytes);
 }

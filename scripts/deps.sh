@@ -15,7 +15,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 test_deps=0
 [ "${1:-}" = "--test" ] && test_deps=1
-packages=(g++ make cmake libasio-dev catch2 zlib1g-dev libcurl4-openssl-dev libpugixml-dev ccache)
+packages=(g++ make cmake libasio-dev catch2 zlib1g-dev libcurl4-openssl-dev libpugixml-dev libdlpack-dev ccache)
 [ $test_deps = 1 ] && packages+=(python3 clang libclang-rt-dev nginx)
 missing=()
 for p in "${packages[@]}"; do

@@ -10,6 +10,10 @@
 #include <sluice/core/stage.hpp>
 #include <sluice/core/stats.hpp>
 #include <sluice/core/task.hpp>
+#include <sluice/cuda/dlpack.hpp>
+#include <sluice/cuda/engine.hpp>
+#include <sluice/cuda/slab_pool.hpp>
+#include <sluice/cuda/to_device.hpp>
 #include <sluice/formats/crc32c.hpp>
 #include <sluice/formats/decode.hpp>
 #include <sluice/formats/lines.hpp>
@@ -26,3 +30,6 @@
 #include <sluice/ops/map.hpp>
 #include <sluice/ops/plan.hpp>
 #include <sluice/ops/shuffle.hpp>
+#if defined(SLUICE_HAVE_CUDA)  // set by the sluice::cuda target
+#include <sluice/cuda/cuda.hpp>
+#endif

@@ -118,6 +118,7 @@ public:
         T& operator*() const { return *const_cast<std::optional<T>&>(cur_); }
         T* operator->() const { return &**this; }
         iterator& operator++() {
+            cur_.reset();  // release the previous item first: a device batch frees its ring slot
             cur_ = p_->next_blocking();
             if (!cur_) p_ = nullptr;
             return *this;
@@ -200,8 +201,20 @@ private:
         auto r = std::make_unique<running>(opts_.runtime);
         r->start_ns = detail::now_ns();
         consumer_.start_ns.store(r->start_ns, std::memory_order_relaxed);
+        // Setups first, last stage first, so a stage can choose the memory of the one
+        // before it, and a stage that cannot work fails the start before anything runs.
+        const auto& links = src_.links();
+        std::vector<std::shared_ptr<buffer_source>> memory(links.size());
+        std::vector<std::shared_ptr<void>> states(links.size());
+        for (std::size_t i = links.size(); i-- > 0;) {
+            if (!links[i]->setup) continue;
+            stage_setup s{*r->rt, i ? &memory[i - 1] : nullptr, nullptr, {}};
+            links[i]->setup(s);
+            states[i] = std::move(s.state);
+            for (auto& f : s.on_stop) r->env.cancellers.push_back(std::move(f));
+        }
         void* prev = nullptr;
-        for (auto& l : src_.links()) {
+        for (auto& l : links) {
             auto out = l->make_output();
             r->env.cancellers.push_back(l->canceller(out));
             r->stats.push_back(std::make_unique<stage_stats>(l->name, std::max(1u, l->opts.concurrency),
@@ -209,7 +222,8 @@ private:
             r->channels.push_back(out);
         }
         for (std::size_t i = 0; i < src_.links().size(); ++i) {
-            src_.links()[i]->start(r->env, prev, r->channels[i].get(), *r->stats[i]);
+            src_.links()[i]->start(r->env, prev, r->channels[i].get(), *r->stats[i],
+                                   memory[i] ? memory[i] : r->rt->buffers(), states[i]);
             prev = r->channels[i].get();
         }
         r->last = static_cast<channel<T>*>(prev);

@@ -124,8 +124,9 @@ private:
     worker_counters* c_;
 };
 
-/// What one worker of a stage gets: its ports, the runtime, its stats and, for ordered
-/// stages with several workers, the turnstile that restores input order.
+/// What one worker of a stage gets: its ports, the runtime, its stats, for ordered
+/// stages with several workers the turnstile that restores input order, the memory its
+/// outputs should be allocated from, and the state its setup made (see stage_setup).
 template <class In, class Out>
 struct stage_context {
     sluice::input<In> in;
@@ -134,6 +135,27 @@ struct stage_context {
     stage_stats& stats;
     unsigned worker;
     detail::turnstile* turn;
+    /// Where to allocate output buffers: the runtime's pool, unless the next stage asked
+    /// for other memory in its setup (to_device asks for pinned memory, so the batch
+    /// stage collates straight into it).
+    std::shared_ptr<buffer_source> memory;
+    /// The state this stage's setup made for this run (null without setup).
+    std::shared_ptr<void> state;
+};
+
+/// What a stage's setup gets. Setup runs on the thread that starts the pipeline, for
+/// every stage, before any stage starts; an exception from it fails the start, so a stage
+/// that cannot work (no GPU) says so at once rather than at its first item.
+struct stage_setup {
+    sluice::runtime& rt;
+    /// The memory the previous stage should allocate its outputs from (null for the
+    /// first stage); a setup may set it.
+    std::shared_ptr<buffer_source>* upstream_memory;
+    /// State for this run, handed to every worker as ctx.state.
+    std::shared_ptr<void> state;
+    /// Functions to run when the pipeline stops, with the channels' cancellation: wake
+    /// whatever the stage's workers may wait on besides channels.
+    std::vector<std::function<void()>> on_stop;
 };
 
 namespace detail {
@@ -185,7 +207,10 @@ struct link {
     virtual ~link() = default;
     virtual std::shared_ptr<void> make_output() const = 0;
     virtual std::function<void()> canceller(const std::shared_ptr<void>& out) const = 0;
-    virtual void start(run_env& env, void* in, void* out, stage_stats& st) const = 0;
+    /// Optional; see stage_setup.
+    std::function<void(stage_setup&)> setup;
+    virtual void start(run_env& env, void* in, void* out, stage_stats& st,
+                       std::shared_ptr<buffer_source> memory, std::shared_ptr<void> state) const = 0;
 };
 
 template <class In, class Out>
@@ -199,7 +224,8 @@ struct link_impl final : link {
     std::function<void()> canceller(const std::shared_ptr<void>& out) const override {
         return [ch = static_cast<channel<Out>*>(out.get())] { ch->cancel(); };
     }
-    void start(run_env& env, void* in, void* out, stage_stats& st) const override {
+    void start(run_env& env, void* in, void* out, stage_stats& st,
+               std::shared_ptr<buffer_source> memory, std::shared_ptr<void> setup_state) const override {
         struct state {
             std::vector<std::unique_ptr<stage_context<In, Out>>> contexts;
             std::unique_ptr<turnstile> turn;
@@ -218,7 +244,7 @@ struct link_impl final : link {
             auto& c = st.worker(i);
             s->contexts.push_back(std::make_unique<stage_context<In, Out>>(stage_context<In, Out>{
                 sluice::input<In>(inch, &c), sluice::output<Out>(outch, &c), env.rt, st, i,
-                s->turn.get()}));
+                s->turn.get(), memory, setup_state}));
             bodies.push_back(body(*s->contexts.back()));  // may throw: nothing counted yet
         }
         env.keep.push_back(s);
@@ -357,6 +383,18 @@ stage<In, Out> make_stage(std::string name, stage_options opts, Body body,
     l->name = std::move(name);
     l->opts = opts;
     l->counts_records = counts_records;
+    l->body = std::move(body);
+    return stage<In, Out>({std::move(l)});
+}
+
+/// make_stage with a setup, `void setup(stage_setup&)`, run before the pipeline starts
+/// (see stage_setup); what it leaves in `state` reaches every worker as ctx.state.
+template <class In, class Out, class Setup, class Body>
+stage<In, Out> make_stage(std::string name, stage_options opts, Setup setup, Body body) {
+    auto l = std::make_shared<detail::link_impl<In, Out>>();
+    l->name = std::move(name);
+    l->opts = opts;
+    l->setup = std::move(setup);
     l->body = std::move(body);
     return stage<In, Out>({std::move(l)});
 }

@@ -39,8 +39,9 @@ struct batch_options {
     std::size_t size = 32;
     /// Drop a last batch smaller than `size` (keeps every step the same shape).
     bool drop_last = false;
-    /// Where collated batches live: the runtime's recycling pool when null; the cuda
-    /// layer passes its pinned pool so batches are born in page-locked memory.
+    /// Where collated batches live. When null: the memory the next stage asks for
+    /// (to_device asks for its engine's staging memory, pinned with CUDA), else the
+    /// runtime's recycling pool. sluice::pinned_memory() gives a pinned host sink.
     std::shared_ptr<buffer_source> memory = nullptr;
     /// Workers collating batches at once on the CPU pool (output stays in order). Above 1,
     /// grouping and collation become two stages ("group" and "batch"), so the copy into
@@ -110,8 +111,7 @@ inline stage<record, host_batch> batch(batch_options o = {}) {
         auto collate = make_stage<std::vector<record>, host_batch>(
             "batch", {.concurrency = o.threads, .order = ordering::ordered, .on = pool::cpu, .buffer = o.out},
             [o](stage_context<std::vector<record>, host_batch>& ctx) {
-                std::shared_ptr<buffer_source> mem = o.memory;
-                if (!mem) mem = ctx.rt.buffers();
+                std::shared_ptr<buffer_source> mem = o.memory ? o.memory : ctx.memory;
                 return detail::item_worker(ctx, [mem](std::vector<record>&& g, std::vector<host_batch>& out) {
                     out.push_back(detail::collate_records(g, *mem));
                 });
@@ -121,8 +121,7 @@ inline stage<record, host_batch> batch(batch_options o = {}) {
     return make_stage<record, host_batch>(
         "batch", {.on = pool::cpu, .buffer = o.out},
         [o](stage_context<record, host_batch>& ctx) {
-            std::shared_ptr<buffer_source> mem = o.memory;
-            if (!mem) mem = ctx.rt.buffers();
+            std::shared_ptr<buffer_source> mem = o.memory ? o.memory : ctx.memory;
             return detail::batch_worker<record, host_batch>(
                 ctx, o, [mem](std::vector<record>& g) { return detail::collate_records(g, *mem); });
         });

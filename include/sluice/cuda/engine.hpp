@@ -1,0 +1,250 @@
+#pragma once
+// The copy engine behind sluice::to_device, and the host engine.
+//
+// to_device speaks to its engine in the CUDA runtime's terms: the engine has a stream of
+// its own; a copy is enqueued on it after the events it must wait for and completes an
+// event; a consumer's stream can be made to wait for an event without blocking the host;
+// an event recorded on the consumer's stream completes when the work enqueued there so
+// far is done. The CUDA engine (sluice/cuda/cuda.hpp) maps each of these to one runtime
+// call. The host engine does the same with host threads: its stream is a thread running
+// enqueued work in order, and a sluice::host_stream stands for the trainer's stream. It
+// runs everywhere, so the ring, ordering, lifetimes, backpressure and release of
+// to_device are tested without a GPU, and it is a working (if pointless) host sink.
+
+#include <sluice/core/bytes.hpp>
+#include <sluice/core/error.hpp>
+#include <sluice/cuda/slab_pool.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+struct CUstream_st;  // cudaStream_t is CUstream_st*; no CUDA header is needed here
+
+namespace sluice {
+
+class host_stream;
+
+/// The stream a consumer runs its work on: a CUDA stream (a cudaStream_t converts,
+/// including 0 for the legacy default stream) or a host_stream.
+struct stream_ref {
+    stream_ref(CUstream_st* s) noexcept : cuda(s) {}  // NOLINT: implicit on purpose
+    stream_ref(host_stream& s) noexcept : host(&s) {}  // NOLINT
+    CUstream_st* cuda = nullptr;
+    host_stream* host = nullptr;
+};
+
+/// An event on an engine's stream or a consumer's stream. Recording it again (by the
+/// engine) makes it wait for the newer work, as cudaEventRecord does.
+class copy_event {
+public:
+    virtual ~copy_event() = default;
+    /// Whether the work it was last recorded after has finished (never blocks).
+    virtual bool ready() = 0;
+    /// Block the calling thread until it is ready.
+    virtual void synchronize() = 0;
+};
+
+class copy_engine {
+public:
+    virtual ~copy_engine() = default;
+    /// For messages and reports: "host engine", "CUDA device 0 (NVIDIA H100 80GB HBM3)".
+    virtual std::string describe() const = 0;
+    /// The CUDA device the batches land on; -1 for host memory.
+    virtual int device() const noexcept = 0;
+    /// Make the engine usable; throws a sluice::error that says why not (no GPU).
+    /// to_device calls it when its pipeline starts.
+    virtual void open() = 0;
+    /// Host memory batches should be collated into (pinned for CUDA).
+    virtual std::shared_ptr<buffer_source> staging() = 0;
+    /// Memory the batches are copied into (device memory for CUDA).
+    virtual std::shared_ptr<buffer_source> destination() = 0;
+    virtual std::unique_ptr<copy_event> make_event() = 0;
+    /// On the engine's stream: wait for each of `after`, copy `n` bytes, record `done`.
+    virtual void copy(void* dst, const void* src, std::size_t n, std::span<copy_event* const> after,
+                      copy_event& done) = 0;
+    /// Make `s` wait for `e` without blocking the host.
+    virtual void stream_wait(stream_ref s, copy_event& e) = 0;
+    /// Record `e` on `s`: it becomes ready when the work enqueued on `s` so far is done.
+    virtual void record(stream_ref s, copy_event& e) = 0;
+};
+
+/// A thread that runs enqueued work in order: the host's stand-in for a CUDA stream.
+class host_stream {
+public:
+    host_stream() : thread_([this] { run(); }) {}
+    host_stream(const host_stream&) = delete;
+    host_stream& operator=(const host_stream&) = delete;
+    /// Finishes the work enqueued so far, then joins.
+    ~host_stream() {
+        {
+            std::lock_guard lock(m_);
+            closing_ = true;
+        }
+        cv_.notify_all();
+        thread_.join();
+    }
+    /// Run `f` after everything enqueued before it.
+    void enqueue(std::function<void()> f) {
+        {
+            std::lock_guard lock(m_);
+            work_.push_back(std::move(f));
+        }
+        cv_.notify_all();
+    }
+    /// Block until everything enqueued so far has run.
+    void synchronize() {
+        std::unique_lock lock(m_);
+        const std::uint64_t target = enqueued_ + work_.size();
+        done_cv_.wait(lock, [&] { return ran_ >= target; });
+    }
+
+private:
+    void run() {
+        std::unique_lock lock(m_);
+        for (;;) {
+            cv_.wait(lock, [&] { return closing_ || !work_.empty(); });
+            if (work_.empty()) return;  // closing and drained
+            auto f = std::move(work_.front());
+            work_.pop_front();
+            ++enqueued_;
+            lock.unlock();
+            f();
+            lock.lock();
+            ++ran_;
+            done_cv_.notify_all();
+        }
+    }
+    std::mutex m_;
+    std::condition_variable cv_, done_cv_;
+    std::deque<std::function<void()>> work_;
+    std::uint64_t enqueued_ = 0;  // taken off the queue
+    std::uint64_t ran_ = 0;
+    bool closing_ = false;
+    std::thread thread_;
+};
+
+namespace detail {
+/// An event of host streams: each record() takes a ticket; the stream completes tickets
+/// in order; ready when the newest ticket recorded is complete.
+class host_event final : public copy_event {
+public:
+    /// A new ticket, to be completed by the stream it was recorded on.
+    std::uint64_t record() {
+        std::lock_guard lock(m_);
+        return ++recorded_;
+    }
+    void complete(std::uint64_t ticket) {
+        {
+            std::lock_guard lock(m_);
+            if (ticket > completed_) completed_ = ticket;
+        }
+        cv_.notify_all();
+    }
+    /// Block until `ticket` (or the newest ticket when 0) is complete.
+    void wait_for(std::uint64_t ticket) {
+        std::unique_lock lock(m_);
+        cv_.wait(lock, [&] { return completed_ >= ticket; });
+    }
+    std::uint64_t newest() {
+        std::lock_guard lock(m_);
+        return recorded_;
+    }
+    bool ready() override {
+        std::lock_guard lock(m_);
+        return completed_ >= recorded_;
+    }
+    void synchronize() override { wait_for(newest()); }
+
+private:
+    std::mutex m_;
+    std::condition_variable cv_;
+    std::uint64_t recorded_ = 0, completed_ = 0;
+};
+}  // namespace detail
+
+struct host_engine_options {
+    /// Time each copy waits on the engine's stream before its memcpy: stands in for the
+    /// bus in tests of backpressure and ordering (data lands only after it).
+    std::chrono::microseconds copy_delay{0};
+    /// Staging memory (what batches are collated into): a slab pool of heap memory.
+    slab_pool_options staging = {.what = "staging memory"};
+    /// Destination memory (the host engine's "device" memory).
+    slab_pool_options destination = {.what = "destination memory"};
+};
+
+/// A copy engine on the host: copies run in order on a thread of their own (its stream),
+/// with memcpy. Consumers use host_stream for their streams, or wait on the host.
+class host_engine final : public copy_engine {
+public:
+    explicit host_engine(host_engine_options o = {})
+        : o_(o), staging_(slab_pool::create(o.staging)), dest_(slab_pool::create(o.destination)) {}
+
+    std::string describe() const override { return "host engine"; }
+    int device() const noexcept override { return -1; }
+    void open() override {}
+    std::shared_ptr<buffer_source> staging() override { return staging_; }
+    std::shared_ptr<buffer_source> destination() override { return dest_; }
+    const std::shared_ptr<slab_pool>& staging_pool() const noexcept { return staging_; }
+    const std::shared_ptr<slab_pool>& destination_pool() const noexcept { return dest_; }
+    std::unique_ptr<copy_event> make_event() override { return std::make_unique<detail::host_event>(); }
+
+    void copy(void* dst, const void* src, std::size_t n, std::span<copy_event* const> after,
+              copy_event& done) override {
+        std::vector<std::pair<detail::host_event*, std::uint64_t>> waits;
+        for (auto* e : after) {
+            auto& he = host(*e);
+            waits.emplace_back(&he, he.newest());  // as cudaStreamWaitEvent: the newest record now
+        }
+        auto& d = host(done);
+        const auto ticket = d.record();
+        ++copies_;
+        stream_.enqueue([=, this, &d] {
+            for (auto& [e, t] : waits) e->wait_for(t);
+            if (o_.copy_delay.count() > 0) std::this_thread::sleep_for(o_.copy_delay);  // the "bus"
+            if (n) std::memcpy(dst, src, n);
+            d.complete(ticket);
+        });
+    }
+    void stream_wait(stream_ref s, copy_event& e) override {
+        auto& he = host(e);
+        const auto t = he.newest();
+        consumer(s).enqueue([&he, t] { he.wait_for(t); });
+    }
+    void record(stream_ref s, copy_event& e) override {
+        auto& he = host(e);
+        const auto t = he.record();
+        consumer(s).enqueue([&he, t] { he.complete(t); });
+    }
+    /// Copies enqueued so far.
+    std::uint64_t copies() const noexcept { return copies_.load(); }
+
+private:
+    static detail::host_event& host(copy_event& e) {
+        auto* h = dynamic_cast<detail::host_event*>(&e);
+        if (!h) throw error("sluice: host engine: an event from another engine");
+        return *h;
+    }
+    static host_stream& consumer(stream_ref s) {
+        if (!s.host)
+            throw error("sluice: host engine: a CUDA stream was given; host batches are waited on with a "
+                        "sluice::host_stream or synchronize()");
+        return *s.host;
+    }
+    host_engine_options o_;
+    std::shared_ptr<slab_pool> staging_, dest_;
+    std::atomic<std::uint64_t> copies_{0};
+    host_stream stream_;  // last: joined first, while the pools are still alive
+};
+
+}  // namespace sluice

@@ -1,0 +1,219 @@
+#pragma once
+// sluice::to_device: copies each host batch to the engine's memory (the GPU) on the
+// engine's own stream, and gives the trainer a device_batch it can make its stream wait
+// on without blocking the host.
+//
+// The ring: the stage owns `ring` slots (3 by default), each a destination buffer and two
+// sets of events. A batch takes a slot; the stage waits (backpressure) while every slot
+// is taken, so at most `ring` batches are copied ahead of the trainer, and device memory
+// is `ring` buffers, allocated from the engine's pool and reused (a slot's buffer grows
+// only when a larger batch arrives).
+//
+// Ordering without blocking the host:
+//   - the copy into a slot is enqueued after the events recorded when the slot was last
+//     released, so it cannot overwrite memory the trainer's stream still reads;
+//   - b.wait(stream) makes the trainer's stream wait for the copy, and remembers the
+//     stream: releasing the batch records an event there for the next copy to wait on;
+//   - the host batch (pinned staging memory the copy reads from) goes back to its pool
+//     when the batch is released and the copy is finished, or, if the copy is still
+//     running then, when the slot is next taken.
+// Releasing: destroying the device_batch (or release()), and every DLPack tensor made
+// from it, returns its slot; a batch may outlive its pipeline.
+
+#include <sluice/core/channel.hpp>
+#include <sluice/core/stage.hpp>
+#include <sluice/cuda/dlpack.hpp>
+#include <sluice/cuda/engine.hpp>
+#include <sluice/ops/batch.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace sluice {
+
+struct to_device_options {
+    /// CUDA device ordinal (used by the CUDA engine; the host engine ignores it).
+    int device = 0;
+    /// Batches copied ahead of the trainer (slots in the ring).
+    unsigned ring = 3;
+};
+
+namespace detail {
+
+struct device_slot {
+    std::shared_ptr<buffer> memory;           // destination buffer (device memory)
+    std::unique_ptr<copy_event> copied;       // recorded after the copy into `memory`
+    std::vector<std::unique_ptr<copy_event>> released;  // on the streams that waited on it
+    std::size_t released_n = 0;               // of which recorded at the last release
+    host_batch host;                          // the staging copy, kept until the copy is done
+    std::size_t bytes = 0;
+    std::vector<stream_ref> waited;           // streams given to wait(), for release
+    std::mutex m;                             // wait() and release may run on other threads
+};
+
+/// The slots of one running to_device stage.
+struct device_ring {
+    device_ring(std::shared_ptr<copy_engine> e, unsigned n) : engine(std::move(e)), free(channel_limits{n, 0}) {
+        free.add_producer();
+        for (unsigned i = 0; i < n; ++i) {
+            slots.push_back(std::make_unique<device_slot>());
+            slots.back()->copied = engine->make_event();
+            free.send_blocking(slots.back().get());  // never blocks: room for all n
+        }
+    }
+    device_ring(const device_ring&) = delete;
+    device_ring& operator=(const device_ring&) = delete;
+    ~device_ring() {
+        // Nothing may still read or write a slot's memory when it goes.
+        for (auto& s : slots) {
+            s->copied->synchronize();
+            for (auto& r : s->released) r->synchronize();
+        }
+    }
+
+    /// Return a slot: order its next copy after the work its consumers enqueued.
+    void give_back(device_slot* s) noexcept {
+        try {
+            std::lock_guard lock(s->m);
+            for (std::size_t i = 0; i < s->waited.size(); ++i) {
+                if (i == s->released.size()) s->released.push_back(engine->make_event());
+                engine->record(s->waited[i], *s->released[i]);
+            }
+            // Events are kept (a stream may still wait on one), and reused.
+            s->released_n = s->waited.size();
+            s->waited.clear();
+            if (s->copied->ready()) s->host = {};
+        } catch (...) {
+            // A failing device (CUDA errors are sticky) fails the next copy, which names
+            // the error; the slot keeps its staging memory until then.
+        }
+        free.send_blocking(s);  // never blocks; fails (harmlessly) once the ring is stopped
+    }
+
+    std::shared_ptr<copy_engine> engine;
+    std::shared_ptr<buffer_source> memory;  // the engine's destination pool
+    std::vector<std::unique_ptr<device_slot>> slots;
+    channel<device_slot*> free;
+};
+
+/// A taken slot; the last reference (batch or DLPack tensor) gives it back.
+struct device_lease {
+    std::shared_ptr<device_ring> ring;
+    device_slot* slot;
+    device_lease(std::shared_ptr<device_ring> r, device_slot* s) : ring(std::move(r)), slot(s) {}
+    device_lease(const device_lease&) = delete;
+    device_lease& operator=(const device_lease&) = delete;
+    ~device_lease() { ring->give_back(slot); }
+};
+
+}  // namespace detail
+
+/// A batch in the engine's memory (on the GPU with the CUDA engine). Move-only; its slot
+/// returns to the ring when it and every DLPack tensor made from it are gone.
+class device_batch {
+public:
+    device_batch() = default;
+    explicit device_batch(std::shared_ptr<detail::device_lease> l) : lease_(std::move(l)) {}
+
+    explicit operator bool() const noexcept { return lease_ != nullptr; }
+    /// Records in the batch.
+    std::size_t size() const noexcept { return lease_ ? slot().host.size() : 0; }
+    std::size_t byte_size() const noexcept { return lease_ ? slot().bytes : 0; }
+    /// The batch's bytes in the engine's memory (a device pointer with CUDA).
+    void* data() const noexcept { return lease_ ? slot().memory->data() : nullptr; }
+    /// Record i is data()[offsets()[i] .. offsets()[i+1]).
+    const std::vector<std::uint64_t>& offsets() const { return host().offsets; }
+    /// "url#index" of record i.
+    std::string key(std::size_t i) const { return host().key(i); }
+    /// The CUDA device the batch is on; -1 for host memory.
+    int device() const { return lease().ring->engine->device(); }
+    /// The host copy it was made from (valid while the batch lives).
+    const host_batch& host() const { return slot().host; }
+
+    /// Whether the copy has finished (never blocks).
+    bool ready() const { return slot().copied->ready(); }
+    /// Block the calling thread until the copy has finished.
+    void synchronize() const { slot().copied->synchronize(); }
+    /// Make `s` wait for the copy without blocking the host. The batch's memory is reused
+    /// only after the work enqueued on `s` before the batch is released.
+    void wait(stream_ref s) {
+        auto& sl = slot();
+        lease().ring->engine->stream_wait(s, *sl.copied);
+        std::lock_guard lock(sl.m);
+        for (auto& w : sl.waited)
+            if (w.cuda == s.cuda && w.host == s.host) return;
+        sl.waited.push_back(s);
+    }
+    /// The batch as a DLPack tensor on its device (see sluice/cuda/dlpack.hpp). Wait on
+    /// the copy (wait or synchronize) before the consumer reads it.
+    dlpack_ptr dlpack(const tensor_layout& layout = {}) const {
+        const int dev = device();
+        const DLDevice d = dev < 0 ? DLDevice{kDLCPU, 0} : DLDevice{kDLCUDA, dev};
+        return detail::export_dlpack(data(), d, byte_size(), offsets(), layout, lease_);
+    }
+    /// Give the slot back now (also done by the destructor).
+    void release() noexcept { lease_.reset(); }
+
+private:
+    const detail::device_lease& lease() const {
+        if (!lease_) throw error("sluice: device_batch: used after release");
+        return *lease_;
+    }
+    detail::device_slot& slot() const { return *lease().slot; }
+    std::shared_ptr<detail::device_lease> lease_;
+};
+
+/// Takes: host batches. Gives: device_batch, copied by `engine` (the CUDA engine from
+/// sluice/cuda/cuda.hpp's to_device(options), or a host_engine).
+/// Setup (at pipeline start): opens the engine, which fails the start when it cannot
+/// work (no GPU), and asks the stage before it for the engine's staging memory, so a
+/// batch stage collates straight into pinned memory.
+/// Backpressure: at most `ring` batches exist between this stage and the trainer.
+/// Errors: upstream errors pass through; a failed copy is an error naming the engine.
+/// Cancellation: a stop wakes the wait for a free slot.
+/// Example: `| sluice::to_device({.ring = 4}, std::make_shared<sluice::host_engine>())`
+inline stage<host_batch, device_batch> to_device(to_device_options o, std::shared_ptr<copy_engine> engine) {
+    const unsigned n = o.ring ? o.ring : 1;
+    auto setup = [engine, n](stage_setup& s) {
+        engine->open();
+        if (s.upstream_memory) *s.upstream_memory = engine->staging();
+        auto ring = std::make_shared<detail::device_ring>(engine, n);
+        ring->memory = engine->destination();
+        s.on_stop.push_back([r = ring.get()] { r->free.cancel(); });
+        s.state = std::move(ring);
+    };
+    auto body = [](stage_context<host_batch, device_batch>& ctx) -> task<void> {
+        // The ring is this run's state; leases keep it alive after the pipeline is gone.
+        auto ring = std::static_pointer_cast<detail::device_ring>(ctx.state);
+        auto& w = ctx.stats.worker(ctx.worker);
+        while (auto hb = co_await ctx.in.next()) {
+            auto got = co_await ring->free.receive(&w.wait_out_ns);  // a free slot
+            if (!got) throw detail::stopped{};
+            detail::device_slot* s = *got;
+            if (s->host.data.data()) {  // the last copy from its staging memory must be done
+                s->copied->synchronize();
+                s->host = {};
+            }
+            const std::size_t bytes = hb->byte_size();
+            if (!s->memory || s->memory->capacity() < bytes) {
+                // The old buffer's next user copies on the same stream after this copy,
+                // which waits for this slot's release: the order holds.
+                s->memory.reset();
+                s->memory = ring->memory->allocate(bytes);
+            }
+            s->host = std::move(*hb);
+            s->bytes = bytes;
+            std::vector<copy_event*> after;
+            for (std::size_t i = 0; i < s->released_n; ++i) after.push_back(s->released[i].get());
+            ring->engine->copy(s->memory->data(), s->host.data.data(), bytes, after, *s->copied);
+            co_await ctx.out.send(device_batch(std::make_shared<detail::device_lease>(ring, s)));
+        }
+    };
+    return make_stage<host_batch, device_batch>("to_device", {.on = pool::cpu, .buffer = {n, 0}},
+                                                std::move(setup), std::move(body));
+}
+
+}  // namespace sluice

@@ -1,0 +1,121 @@
+// The CUDA engine. Without the toolkit this file has one test, reported skipped. With the
+// toolkit and no GPU (error 35 or 100) the "no GPU" tests run and the [gpu] tests report
+// themselves skipped; with a GPU it is the other way round.
+#include <catch2/catch.hpp>
+
+#if !defined(SLUICE_HAVE_CUDA)
+
+TEST_CASE("the CUDA engine (built without the CUDA toolkit)", "[cuda]") {
+    WARN("[test skipped] built without the CUDA toolkit: the CUDA engine is not compiled");
+}
+
+#else
+
+#include <sluice/cuda/cuda.hpp>
+
+#include <sluice/core/pipeline.hpp>
+#include <sluice/ops/batch.hpp>
+#include <sluice/ops/from.hpp>
+
+#include <chrono>
+#include <cstring>
+
+namespace {
+bool have_gpu() {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+std::vector<sluice::record> records(std::size_t n, std::size_t size) {
+    auto s = std::make_shared<const sluice::shard>(sluice::shard{"mem", 0, 0});
+    std::vector<sluice::record> out;
+    for (std::size_t i = 0; i < n; ++i) {
+        std::string text(size, char('a' + i % 26));
+        out.push_back({sluice::bytes::copy_of(text), s, i, 0});
+    }
+    return out;
+}
+}  // namespace
+
+TEST_CASE("without a GPU, to_device fails at start within 1 s, naming the CUDA error and the host sink", "[cuda]") {
+    if (have_gpu()) {
+        WARN("[test skipped] a GPU is present: this checks the machine without one");
+        return;
+    }
+    sluice::pipeline p(sluice::from(records(10, 100)) | sluice::batch({.size = 5}) | sluice::to_device({.device = 0}));
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+        p.next_blocking();
+        FAIL("to_device started without a GPU");
+    } catch (const sluice::error& e) {
+        const std::string m = e.what();
+        INFO(m);
+        REQUIRE(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));
+        REQUIRE(m.find("to_device on CUDA device 0: no usable GPU") != std::string::npos);
+        REQUIRE(m.find("cudaGetDeviceCount returned CUDA error ") != std::string::npos);
+        const bool named = m.find("35 cudaErrorInsufficientDriver") != std::string::npos ||
+                           m.find("100 cudaErrorNoDevice") != std::string::npos;
+        REQUIRE(named);
+        REQUIRE(m.find("host sink") != std::string::npos);
+        REQUIRE(e.code().category() == sluice::cuda_category());
+        REQUIRE((e.code().value() == 35 || e.code().value() == 100));
+    }
+}
+
+TEST_CASE("without a GPU, pinned memory is refused at once with the CUDA error", "[cuda]") {
+    if (have_gpu()) {
+        WARN("[test skipped] a GPU is present: this checks the machine without one");
+        return;
+    }
+    REQUIRE_THROWS_WITH(sluice::pinned_memory(), Catch::Contains("pinned memory: no usable GPU") &&
+                                                     Catch::Contains("cudaGetDeviceCount returned CUDA error"));
+}
+
+TEST_CASE("a CUDA error text names the number, the name and the description", "[cuda]") {
+    const std::string t = sluice::detail::cuda_error_text(cudaErrorInsufficientDriver);
+    REQUIRE(t.find("CUDA error 35 cudaErrorInsufficientDriver (") == 0);
+    REQUIRE(sluice::cuda_category().name() == std::string("cuda"));
+}
+
+// ---- hardware-only: need a GPU ----------------------------------------------------------
+
+TEST_CASE("[gpu] batches reach device memory byte for byte, in pinned staging memory", "[cuda][gpu]") {
+    if (!have_gpu()) {
+        WARN("[test skipped] no usable GPU (CUDA runtime reports none)");
+        return;
+    }
+    auto eng = std::make_shared<sluice::cuda_engine>(0);
+    sluice::pipeline p(sluice::from(records(100, 1000)) | sluice::batch({.size = 10}) | sluice::to_device({.ring = 3}, eng));
+    cudaStream_t s = nullptr;
+    REQUIRE(cudaStreamCreate(&s) == cudaSuccess);
+    std::size_t n = 0;
+    for (auto& b : p) {
+        REQUIRE(b.device() == 0);
+        cudaPointerAttributes host{}, dev{};
+        REQUIRE(cudaPointerGetAttributes(&host, b.host().data.data()) == cudaSuccess);
+        REQUIRE(host.type == cudaMemoryTypeHost);  // pinned: the batch was collated into it
+        REQUIRE(cudaPointerGetAttributes(&dev, b.data()) == cudaSuccess);
+        REQUIRE(dev.type == cudaMemoryTypeDevice);
+        b.wait(s);
+        std::string back(b.byte_size(), '\0');
+        REQUIRE(cudaMemcpyAsync(back.data(), b.data(), back.size(), cudaMemcpyDeviceToHost, s) == cudaSuccess);
+        REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+        REQUIRE(back == std::string(b.host().data.view()));
+        auto t = b.dlpack();
+        REQUIRE(t->dl_tensor.device.device_type == kDLCUDA);
+        REQUIRE(t->dl_tensor.shape[1] == 1000);
+        ++n;
+    }
+    REQUIRE(n == 10);
+    cudaStreamDestroy(s);
+}
+
+TEST_CASE("[gpu] a device that does not exist is named", "[cuda][gpu]") {
+    if (!have_gpu()) {
+        WARN("[test skipped] no usable GPU (CUDA runtime reports none)");
+        return;
+    }
+    sluice::pipeline p(sluice::from(records(4, 10)) | sluice::batch({.size = 2}) | sluice::to_device({.device = 999}));
+    REQUIRE_THROWS_WITH(p.next_blocking(), Catch::Contains("CUDA device 999: no such device"));
+}
+
+#endif
