@@ -11,8 +11,11 @@
 // Built with the CUDA toolkit and run with a GPU, also:
 //   cuda_pipeline | to_device({.device = D}): collated into pinned memory, copied on the
 //                 engine's stream; the trainer's stream waits on each batch;
+//   cuda_stage    the device stage alone, on batches collated beforehand into pinned
+//                 memory;
 //   cuda_pinned   a bare cudaMemcpyAsync loop from pinned memory, same sizes (the goal:
-//                 the pipeline at >= 0.9 of it);
+//                 the pipeline at >= 0.9 of it; cuda_stage shows what the stage costs,
+//                 cuda_pipeline adds collation on the CPU);
 //   cuda_pageable the same loop from ordinary (pageable) memory.
 // One JSON object per line on stdout: {"bench":"device","mode":...,"gb_per_s":...}.
 
@@ -59,12 +62,13 @@ std::vector<sluice::record> make_records(const options& o) {
     return out;
 }
 
-template <class Source, class Sink>
-void run_pipeline(const char* mode, Source src, Sink sink) {
+template <class Source, class Sink, class Finish = void (*)()>
+void run_pipeline(const char* mode, Source src, Sink sink, Finish finish = [] {}) {
     sluice::pipeline p(std::move(src));
     std::size_t bytes = 0;
     const double t0 = now_s();
     for (auto& b : p) bytes += sink(b);
+    finish();
     const double t1 = now_s();
     print(mode, bytes, t1 - t0, ",\"bottleneck\":\"" + p.figures().bottleneck() + "\"");
 }
@@ -132,13 +136,33 @@ int main(int argc, char** argv) {
     cudaSetDevice(o.device);
     cudaStream_t stream = nullptr;
     cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    auto to_gpu = [stream](sluice::device_batch& b) {
+        b.wait(stream);  // as a trainer does; the host does not block
+        return b.byte_size();
+    };
+    auto finish = [stream] { cudaStreamSynchronize(stream); };  // timed: the last copies too
     run_pipeline("cuda_pipeline",
                  sluice::from(records) | sluice::batch(bo) | sluice::to_device({.device = o.device, .ring = o.ring}),
-                 [stream](sluice::device_batch& b) {
-                     b.wait(stream);  // as a trainer does; the host does not block
-                     return b.byte_size();
-                 });
-    cudaStreamSynchronize(stream);
+                 to_gpu, finish);
+    {
+        // The device stage alone: batches collated beforehand into pinned memory.
+        auto pinned = sluice::pinned_memory();
+        std::vector<sluice::host_batch> ready;
+        for (unsigned i = 0; i < o.ring + 2; ++i) {
+            sluice::host_batch b;
+            auto buf = pinned->allocate(batch_bytes);
+            std::memset(buf->data(), int(i), batch_bytes);
+            b.data = sluice::bytes(std::move(buf), batch_bytes);
+            for (std::size_t r = 0; r <= o.batch; ++r) b.offsets.push_back(r * o.record);
+            b.sources.assign(o.batch, nullptr);
+            b.indices.assign(o.batch, 0);
+            ready.push_back(std::move(b));
+        }
+        std::vector<sluice::host_batch> all;
+        for (std::size_t i = 0; i < o.total / batch_bytes; ++i) all.push_back(ready[i % ready.size()]);
+        run_pipeline("cuda_stage", sluice::from(all, {4, 0}) | sluice::to_device({.device = o.device, .ring = o.ring}),
+                     to_gpu, finish);
+    }
     auto bare = [&](const char* mode, void* src) {
         void* dst = nullptr;
         cudaMalloc(&dst, batch_bytes);

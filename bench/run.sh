@@ -298,16 +298,20 @@ for w in "${what[@]}"; do
   device)
     # Peers: the plain host sink (no device stage) and a plain memcpy loop for the host
     # engine; with a GPU, a bare pinned cudaMemcpyAsync loop (goal: pipeline >= 0.9 of it)
-    # and pageable copies. 2 GiB in batches of 256 x 64 KiB (16 MiB).
-    for threads in 1 2; do
-      out=$("$build/bench/device_copy" --collate-threads "$threads")
+    # and pageable copies. 2 GiB in batches of 256 x 64 KiB (16 MiB), then 256 MiB in
+    # batches of 32 x 1 KiB (per-batch costs).
+    for cfg in "--collate-threads 1" "--collate-threads 2" "--record-bytes 1024 --batch 32 --total-bytes 268435456"; do
+      # shellcheck disable=SC2086
+      out=$("$build/bench/device_copy" $cfg)
+      threads=$cfg
       echo "$out"
       g() { echo "$out" | grep "\"mode\":\"$1\"" | field gb_per_s; }
-      echo "device [$threads collate thread(s)]: host sink $(g host_sink) GB/s, host engine $(g host_engine) GB/s" \
+      echo "device [$threads]: host sink $(g host_sink) GB/s, host engine $(g host_engine) GB/s" \
            "(ratio $(ratio "$(g host_engine)" "$(g host_sink)")), memcpy loop $(g memcpy_loop) GB/s" >&2
       if [ -n "$(g cuda_pipeline)" ]; then
-        echo "device [$threads]: cuda pipeline $(g cuda_pipeline) GB/s, bare pinned $(g cuda_pinned) GB/s" \
-             "(ratio $(ratio "$(g cuda_pipeline)" "$(g cuda_pinned)")), pageable $(g cuda_pageable) GB/s" >&2
+        echo "device [$threads]: cuda pipeline $(g cuda_pipeline) GB/s, stage alone $(g cuda_stage) GB/s," \
+             "bare pinned $(g cuda_pinned) GB/s (ratios $(ratio "$(g cuda_pipeline)" "$(g cuda_pinned)")," \
+             "$(ratio "$(g cuda_stage)" "$(g cuda_pinned)")), pageable $(g cuda_pageable) GB/s" >&2
       else
         echo "device: no CUDA figures ($(echo "$out" | grep '"mode":"cuda"' | field skipped))" >&2
       fi

@@ -210,6 +210,7 @@ private:
             if (!links[i]->setup) continue;
             stage_setup s{*r->rt, i ? &memory[i - 1] : nullptr, nullptr, {}};
             links[i]->setup(s);
+            r->env.keep.push_back(s.state);  // before its on_stop can run: ~running cancels
             states[i] = std::move(s.state);
             for (auto& f : s.on_stop) r->env.cancellers.push_back(std::move(f));
         }

@@ -68,10 +68,33 @@ inline int cuda_devices(const std::string& who) {
     return n;
 }
 
+/// Makes `device` current for a scope and restores the caller's device after: the engine
+/// runs on the trainer's thread too (at start, at release), whose current device is its
+/// own business.
+class device_guard {
+public:
+    explicit device_guard(int device) {
+        cuda_check(cudaGetDevice(&prev_), "cudaGetDevice");
+        if (prev_ != device) {
+            cuda_check(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
+            restore_ = true;
+        }
+    }
+    device_guard(const device_guard&) = delete;
+    device_guard& operator=(const device_guard&) = delete;
+    ~device_guard() {
+        if (restore_) cudaSetDevice(prev_);
+    }
+
+private:
+    int prev_ = 0;
+    bool restore_ = false;
+};
+
 class cuda_event final : public copy_event {
 public:
     explicit cuda_event(int device) {
-        cuda_check(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
+        device_guard on(device);
         cuda_check(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming), "cudaEventCreate");
     }
     cuda_event(const cuda_event&) = delete;
@@ -128,9 +151,12 @@ public:
     cuda_engine& operator=(const cuda_engine&) = delete;
     ~cuda_engine() override {
         if (stream_) {
+            int prev = 0;
+            const bool restore = cudaGetDevice(&prev) == cudaSuccess && prev != device_;
             cudaSetDevice(device_);
             cudaStreamSynchronize(stream_);
             cudaStreamDestroy(stream_);
+            if (restore) cudaSetDevice(prev);
         }
     }
 
@@ -148,7 +174,7 @@ public:
             throw error("sluice: " + who + ": no such device (" + std::to_string(n) + " CUDA device" +
                             (n == 1 ? "" : "s") + ", numbered from 0)",
                         std::error_code(int(cudaErrorInvalidDevice), cuda_category()));
-        detail::cuda_check(cudaSetDevice(device_), who + ": cudaSetDevice");
+        detail::device_guard on(device_);
         cudaDeviceProp prop{};
         if (cudaGetDeviceProperties(&prop, device_) == cudaSuccess) name_ = prop.name;
         detail::cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), who + ": cudaStreamCreate");
@@ -161,7 +187,7 @@ public:
             .alignment = 256,
             .allocate =
                 [dev](std::size_t n) {
-                    detail::cuda_check(cudaSetDevice(dev), "cudaSetDevice");
+                    detail::device_guard on(dev);
                     void* p = nullptr;
                     detail::cuda_check(cudaMalloc(&p, n), "cudaMalloc of " + std::to_string(n) +
                                                               " bytes on CUDA device " + std::to_string(dev));
@@ -172,21 +198,31 @@ public:
     }
     std::shared_ptr<buffer_source> staging() override { return pinned_; }
     std::shared_ptr<buffer_source> destination() override { return device_mem_; }
+    bool staged(const void* p) override {
+        if (pinned_ && pinned_->owns(p)) return true;
+        cudaPointerAttributes a{};  // pinned elsewhere (another pool, the trainer's own)
+        if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+            cudaGetLastError();
+            return false;
+        }
+        return a.type == cudaMemoryTypeHost;
+    }
     std::unique_ptr<copy_event> make_event() override { return std::make_unique<detail::cuda_event>(device_); }
 
     void copy(void* dst, const void* src, std::size_t n, std::span<copy_event* const> after,
               copy_event& done) override {
-        detail::cuda_check(cudaSetDevice(device_), "cudaSetDevice");
+        detail::device_guard on(device_);
         for (auto* e : after) detail::cuda_check(cudaStreamWaitEvent(stream_, event(*e), 0), "cudaStreamWaitEvent");
         detail::cuda_check(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_),
                            "to_device: cudaMemcpyAsync of " + std::to_string(n) + " bytes to " + describe());
         detail::cuda_check(cudaEventRecord(event(done), stream_), "cudaEventRecord");
     }
     void stream_wait(stream_ref s, copy_event& e) override {
+        detail::device_guard on(device_);
         detail::cuda_check(cudaStreamWaitEvent(stream(s), event(e), 0), "cudaStreamWaitEvent on the consumer's stream");
     }
     void record(stream_ref s, copy_event& e) override {
-        detail::cuda_check(cudaSetDevice(device_), "cudaSetDevice");
+        detail::device_guard on(device_);
         detail::cuda_check(cudaEventRecord(event(e), stream(s)), "cudaEventRecord on the consumer's stream");
     }
     /// The engine's copy stream (valid after open()).

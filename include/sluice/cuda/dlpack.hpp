@@ -18,6 +18,8 @@
 
 #include <dlpack/dlpack.h>
 
+static_assert(DLPACK_VERSION >= 60, "sluice needs DLPack 0.6 or later (Debian: libdlpack-dev)");
+
 #include <cstdint>
 #include <memory>
 #include <string>

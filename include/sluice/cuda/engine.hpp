@@ -67,6 +67,8 @@ public:
     virtual void open() = 0;
     /// Host memory batches should be collated into (pinned for CUDA).
     virtual std::shared_ptr<buffer_source> staging() = 0;
+    /// Whether `p` lies in the staging memory (else a copy from it is a pageable copy).
+    virtual bool staged(const void* p) = 0;
     /// Memory the batches are copied into (device memory for CUDA).
     virtual std::shared_ptr<buffer_source> destination() = 0;
     virtual std::unique_ptr<copy_event> make_event() = 0;
@@ -177,6 +179,9 @@ struct host_engine_options {
     /// Time each copy waits on the engine's stream before its memcpy: stands in for the
     /// bus in tests of backpressure and ordering (data lands only after it).
     std::chrono::microseconds copy_delay{0};
+    /// Called on the engine's stream before each copy (after copy_delay): tests hold
+    /// copies back with it.
+    std::function<void()> before_copy = nullptr;
     /// Staging memory (what batches are collated into): a slab pool of heap memory.
     slab_pool_options staging = {.what = "staging memory"};
     /// Destination memory (the host engine's "device" memory).
@@ -195,6 +200,7 @@ public:
     void open() override {}
     std::shared_ptr<buffer_source> staging() override { return staging_; }
     std::shared_ptr<buffer_source> destination() override { return dest_; }
+    bool staged(const void* p) override { return staging_->owns(p); }
     const std::shared_ptr<slab_pool>& staging_pool() const noexcept { return staging_; }
     const std::shared_ptr<slab_pool>& destination_pool() const noexcept { return dest_; }
     std::unique_ptr<copy_event> make_event() override { return std::make_unique<detail::host_event>(); }
@@ -212,6 +218,7 @@ public:
         stream_.enqueue([=, this, &d] {
             for (auto& [e, t] : waits) e->wait_for(t);
             if (o_.copy_delay.count() > 0) std::this_thread::sleep_for(o_.copy_delay);  // the "bus"
+            if (o_.before_copy) o_.before_copy();
             if (n) std::memcpy(dst, src, n);
             d.complete(ticket);
         });

@@ -10,7 +10,9 @@
 // aligned heap memory).
 //
 // Buffers keep their pool alive; slabs go back to the system when the pool and every
-// buffer carved from it are gone. A request that no free buffer and no room left in the
+// buffer carved from it are gone. Freed buffers are never merged back into slabs, and
+// the tail of a slab too short for the next request is left unused: simple, and for a
+// pipeline whose batches are of a few sizes, close to what it needs. A request that no free buffer and no room left in the
 // current slab can serve takes a new slab, unless `max_bytes` would be exceeded: then it
 // fails with a sluice::error naming the memory and the limit.
 
@@ -23,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -46,12 +49,19 @@ struct slab_pool_options {
 
 class slab_pool final : public buffer_source, public std::enable_shared_from_this<slab_pool> {
 public:
+    /// Throws std::invalid_argument for an alignment that is not a power of two, or an
+    /// allocate without its deallocate (or the other way round).
     static std::shared_ptr<slab_pool> create(slab_pool_options o = {}) {
+        if (o.alignment == 0 || (o.alignment & (o.alignment - 1)) != 0)
+            throw std::invalid_argument("sluice: slab_pool alignment must be a power of two");
+        if (bool(o.allocate) != bool(o.deallocate))
+            throw std::invalid_argument("sluice: slab_pool needs both allocate and deallocate, or neither");
         if (!o.allocate) {
             const std::align_val_t al{o.alignment};
             o.allocate = [al](std::size_t n) { return static_cast<std::byte*>(::operator new(n, al)); };
             o.deallocate = [al](std::byte* p, std::size_t) { ::operator delete(p, al); };
         }
+        if (o.slab_bytes < o.alignment) o.slab_bytes = o.alignment;
         return std::shared_ptr<slab_pool>(new slab_pool(std::move(o)));
     }
     slab_pool(const slab_pool&) = delete;
@@ -61,24 +71,52 @@ public:
     }
 
     /// A buffer of at least `size` bytes (rounded up to a size class: at most 25% more).
+    /// The system is asked for a new slab outside the pool's lock, so buffers freed on
+    /// other threads meanwhile are not held up by a slow cudaHostAlloc.
     std::shared_ptr<buffer> allocate(std::size_t size) override {
         const std::size_t cap = size_class(size);
-        std::byte* p = nullptr;
-        std::size_t got = cap;
-        {
-            std::lock_guard lock(m_);
-            // A free buffer of this class, or of a larger one up to twice the size.
-            for (auto it = free_.lower_bound(cap); it != free_.end() && it->first <= 2 * cap; ++it) {
-                if (it->second.empty()) continue;
-                p = it->second.back();
-                it->second.pop_back();
-                got = it->first;
-                break;
+        std::unique_lock lock(m_);
+        std::byte* p = take_locked(cap);
+        std::size_t got = p ? got_ : cap;
+        if (!p) {
+            const bool shared = cap <= o_.slab_bytes / 4;  // else a slab of its own
+            std::size_t n = shared ? o_.slab_bytes : cap;
+            if (o_.max_bytes && reserved_ + n > o_.max_bytes) {
+                if (!shared || reserved_ + cap > o_.max_bytes)
+                    throw error("sluice: cannot allocate " + std::to_string(cap) + " bytes of " + o_.what +
+                                ": the pool's limit of " + std::to_string(o_.max_bytes) + " bytes is reached (" +
+                                std::to_string(in_use_) + " in use)");
+                n = cap;  // room for this buffer, not a whole slab
             }
-            if (!p) p = carve_locked(cap);
-            in_use_ += got;
-            ++allocations_;
+            reserved_ += n;  // claimed before the lock is let go, so the limit holds
+            lock.unlock();
+            std::byte* slab = nullptr;
+            try {
+                slab = o_.allocate(n);
+                if (!slab) throw error("sluice: cannot allocate " + std::to_string(n) + " bytes of " + o_.what);
+            } catch (...) {
+                lock.lock();
+                reserved_ -= n;
+                try {
+                    throw;
+                } catch (const error&) {
+                    throw;
+                } catch (const std::exception& e) {
+                    throw error("sluice: cannot allocate " + std::to_string(n) + " bytes of " + o_.what + ": " +
+                                e.what());
+                }
+            }
+            lock.lock();
+            slabs_.emplace_back(slab, n);
+            p = slab;
+            if (n > cap) {  // the rest of a shared slab serves later requests
+                cursor_ = slab + cap;
+                left_ = n - cap;
+            }
         }
+        in_use_ += got;
+        ++allocations_;
+        lock.unlock();
         static constexpr buffer::release_fn keep = [](std::byte*, std::size_t) noexcept {};
         return std::shared_ptr<buffer>(new buffer(p, got, keep), [self = shared_from_this()](buffer* b) {
             self->recycle(b->data(), b->capacity());
@@ -95,6 +133,11 @@ public:
     std::size_t in_use_bytes() const {
         std::lock_guard lock(m_);
         return in_use_;
+    }
+    /// Bytes in freed buffers waiting for reuse.
+    std::size_t free_bytes() const {
+        std::lock_guard lock(m_);
+        return free_bytes_;
     }
     /// How many slabs were asked of the system.
     std::size_t slabs() const {
@@ -117,56 +160,38 @@ public:
     const slab_pool_options& options() const noexcept { return o_; }
 
 private:
-    explicit slab_pool(slab_pool_options o) : o_(std::move(o)) {
-        if (o_.alignment == 0 || (o_.alignment & (o_.alignment - 1)) != 0) o_.alignment = 256;
-    }
+    explicit slab_pool(slab_pool_options o) : o_(std::move(o)) {}
 
     std::size_t size_class(std::size_t size) const noexcept {
         std::size_t c = buffer_pool::size_class(size ? size : 1);
         return (c + o_.alignment - 1) / o_.alignment * o_.alignment;
     }
 
-    std::byte* carve_locked(std::size_t cap) {
-        if (cap <= o_.slab_bytes / 4) {
-            if (cursor_ && left_ >= cap) {
-                std::byte* p = cursor_;
-                cursor_ += cap;
-                left_ -= cap;
-                return p;
-            }
-            std::byte* s = new_slab_locked(o_.slab_bytes, cap);
-            cursor_ = s + cap;
-            left_ = o_.slab_bytes - cap;
-            return s;
+    /// A free buffer of class `cap` (or larger, up to twice), or room in the current slab;
+    /// null when a new slab is needed. Sets got_ to the buffer's capacity.
+    std::byte* take_locked(std::size_t cap) {
+        for (auto it = free_.lower_bound(cap); it != free_.end() && it->first <= 2 * cap; ++it) {
+            if (it->second.empty()) continue;
+            std::byte* p = it->second.back();
+            it->second.pop_back();
+            got_ = it->first;
+            free_bytes_ -= got_;
+            return p;
         }
-        return new_slab_locked(cap, cap);  // a large buffer is a slab of its own
-    }
-
-    std::byte* new_slab_locked(std::size_t n, std::size_t wanted) {
-        if (o_.max_bytes && reserved_ + n > o_.max_bytes) {
-            if (n == wanted || reserved_ + wanted > o_.max_bytes)
-                throw error("sluice: cannot allocate " + std::to_string(wanted) + " bytes of " + o_.what +
-                            ": the pool's limit of " + std::to_string(o_.max_bytes) + " bytes is reached (" +
-                            std::to_string(in_use_) + " in use)");
-            n = wanted;  // room for this buffer, not a whole slab
+        if (cap <= o_.slab_bytes / 4 && cursor_ && left_ >= cap) {
+            std::byte* p = cursor_;
+            cursor_ += cap;
+            left_ -= cap;
+            got_ = cap;
+            return p;
         }
-        std::byte* p = nullptr;
-        try {
-            p = o_.allocate(n);
-        } catch (const error&) {
-            throw;
-        } catch (const std::exception& e) {
-            throw error("sluice: cannot allocate " + std::to_string(n) + " bytes of " + o_.what + ": " + e.what());
-        }
-        if (!p) throw error("sluice: cannot allocate " + std::to_string(n) + " bytes of " + o_.what);
-        slabs_.emplace_back(p, n);
-        reserved_ += n;
-        return p;
+        return nullptr;
     }
 
     void recycle(std::byte* p, std::size_t cap) {
         std::lock_guard lock(m_);
         in_use_ -= cap;
+        free_bytes_ += cap;
         free_[cap].push_back(p);
     }
 
@@ -179,6 +204,8 @@ private:
     std::size_t reserved_ = 0;
     std::size_t in_use_ = 0;
     std::size_t allocations_ = 0;
+    std::size_t got_ = 0;
+    std::size_t free_bytes_ = 0;
 };
 
 }  // namespace sluice

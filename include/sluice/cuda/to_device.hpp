@@ -51,6 +51,7 @@ struct device_slot {
     host_batch host;                          // the staging copy, kept until the copy is done
     std::size_t bytes = 0;
     std::vector<stream_ref> waited;           // streams given to wait(), for release
+    std::string release_error;                // why ordering the last release failed
     std::mutex m;                             // wait() and release may run on other threads
 };
 
@@ -67,28 +68,41 @@ struct device_ring {
     device_ring(const device_ring&) = delete;
     device_ring& operator=(const device_ring&) = delete;
     ~device_ring() {
-        // Nothing may still read or write a slot's memory when it goes.
+        // Nothing may still read or write a slot's memory when it goes. A failed device
+        // (sticky CUDA errors) cannot be waited on; its memory goes regardless.
         for (auto& s : slots) {
-            s->copied->synchronize();
-            for (auto& r : s->released) r->synchronize();
+            try {
+                s->copied->synchronize();
+                for (auto& r : s->released) r->synchronize();
+            } catch (...) {
+            }
         }
     }
 
-    /// Return a slot: order its next copy after the work its consumers enqueued.
+    /// Return a slot: order its next copy after the work its consumers enqueued. With no
+    /// stream given to wait() (the trainer synchronised on the host), a GPU engine records
+    /// on the legacy default stream, which covers work on it and on blocking streams.
     void give_back(device_slot* s) noexcept {
-        try {
+        {
             std::lock_guard lock(s->m);
-            for (std::size_t i = 0; i < s->waited.size(); ++i) {
-                if (i == s->released.size()) s->released.push_back(engine->make_event());
-                engine->record(s->waited[i], *s->released[i]);
-            }
-            // Events are kept (a stream may still wait on one), and reused.
-            s->released_n = s->waited.size();
+            std::vector<stream_ref> streams = std::move(s->waited);
             s->waited.clear();
-            if (s->copied->ready()) s->host = {};
-        } catch (...) {
-            // A failing device (CUDA errors are sticky) fails the next copy, which names
-            // the error; the slot keeps its staging memory until then.
+            if (streams.empty() && engine->device() >= 0) streams.push_back(static_cast<CUstream_st*>(nullptr));
+            try {
+                for (std::size_t i = 0; i < streams.size(); ++i) {
+                    if (i == s->released.size()) s->released.push_back(engine->make_event());
+                    engine->record(streams[i], *s->released[i]);
+                }
+                // Events are kept (a stream may still wait on one), and reused.
+                s->released_n = streams.size();
+                if (s->copied->ready()) s->host = {};
+            } catch (const std::exception& e) {
+                // The slot's memory cannot be reused safely: its next use fails the
+                // pipeline with this (a stream destroyed before the batch, another device).
+                s->release_error = e.what();
+            } catch (...) {
+                s->release_error = "unknown error";
+            }
         }
         free.send_blocking(s);  // never blocks; fails (harmlessly) once the ring is stopped
     }
@@ -117,6 +131,10 @@ class device_batch {
 public:
     device_batch() = default;
     explicit device_batch(std::shared_ptr<detail::device_lease> l) : lease_(std::move(l)) {}
+    device_batch(device_batch&&) noexcept = default;
+    device_batch& operator=(device_batch&&) noexcept = default;
+    device_batch(const device_batch&) = delete;
+    device_batch& operator=(const device_batch&) = delete;
 
     explicit operator bool() const noexcept { return lease_ != nullptr; }
     /// Records in the batch.
@@ -138,7 +156,10 @@ public:
     /// Block the calling thread until the copy has finished.
     void synchronize() const { slot().copied->synchronize(); }
     /// Make `s` wait for the copy without blocking the host. The batch's memory is reused
-    /// only after the work enqueued on `s` before the batch is released.
+    /// only after the work enqueued on `s` before the batch is released, so `s` must still
+    /// exist then. Without any wait(), a GPU batch's memory is reused after the work on
+    /// the legacy default stream (and blocking streams) at release: work on a
+    /// non-blocking stream that reads the batch must be ordered by wait(), or finished.
     void wait(stream_ref s) {
         auto& sl = slot();
         lease().ring->engine->stream_wait(s, *sl.copied);
@@ -147,8 +168,17 @@ public:
             if (w.cuda == s.cuda && w.host == s.host) return;
         sl.waited.push_back(s);
     }
-    /// The batch as a DLPack tensor on its device (see sluice/cuda/dlpack.hpp). Wait on
-    /// the copy (wait or synchronize) before the consumer reads it.
+    /// The batch as a DLPack tensor on its device (see sluice/cuda/dlpack.hpp), for the
+    /// consumer's stream `s`: as DLPack's `__dlpack__(stream)`, `s` is made to wait for
+    /// the copy, and the memory is reused only after the work enqueued on `s` before the
+    /// tensor's deleter runs (PyTorch runs it when the tensor is collected, not when its
+    /// kernels finish: this is what keeps that safe).
+    dlpack_ptr dlpack(const tensor_layout& layout, stream_ref s) {
+        wait(s);
+        return dlpack(layout);
+    }
+    /// The same without a stream: the consumer waits on the copy itself (synchronize()),
+    /// and see wait() for when the memory is reused.
     dlpack_ptr dlpack(const tensor_layout& layout = {}) const {
         const int dev = device();
         const DLDevice d = dev < 0 ? DLDevice{kDLCPU, 0} : DLDevice{kDLCUDA, dev};
@@ -173,6 +203,8 @@ private:
 /// batch stage collates straight into pinned memory.
 /// Backpressure: at most `ring` batches exist between this stage and the trainer.
 /// Errors: upstream errors pass through; a failed copy is an error naming the engine.
+/// Counters: `unstaged`, batches that were not in the staging memory (a stage between
+/// batch and to_device made new ones): copied from pageable memory, more slowly.
 /// Cancellation: a stop wakes the wait for a free slot.
 /// Example: `| sluice::to_device({.ring = 4}, std::make_shared<sluice::host_engine>())`
 inline stage<host_batch, device_batch> to_device(to_device_options o, std::shared_ptr<copy_engine> engine) {
@@ -189,10 +221,17 @@ inline stage<host_batch, device_batch> to_device(to_device_options o, std::share
         // The ring is this run's state; leases keep it alive after the pipeline is gone.
         auto ring = std::static_pointer_cast<detail::device_ring>(ctx.state);
         auto& w = ctx.stats.worker(ctx.worker);
+        // Batches not in the engine's staging memory (a stage between batch and
+        // to_device made new ones): copied all the same, from pageable memory (slower).
+        auto& unstaged = ctx.stats.counter("unstaged");
         while (auto hb = co_await ctx.in.next()) {
             auto got = co_await ring->free.receive(&w.wait_out_ns);  // a free slot
             if (!got) throw detail::stopped{};
             detail::device_slot* s = *got;
+            if (!s->release_error.empty())
+                throw error("sluice: to_device on " + ring->engine->describe() +
+                            ": a released batch's memory cannot be reused safely: " + s->release_error);
+            if (!ring->engine->staged(hb->data.data())) ++unstaged;  // pageable: a slower copy
             if (s->host.data.data()) {  // the last copy from its staging memory must be done
                 s->copied->synchronize();
                 s->host = {};

@@ -23,13 +23,21 @@ TEST_CASE("a host stream runs its work in order, and synchronize waits for it", 
     for (int i = 0; i < 100; ++i) REQUIRE(order[std::size_t(i)] == i);
 }
 
-TEST_CASE("a host engine copy lands after its delay and completes its event", "[engine]") {
-    sluice::host_engine eng({.copy_delay = 30ms});
+TEST_CASE("a host engine copy completes its event when it has landed", "[engine]") {
+    sluice::host_engine eng({.copy_delay = 1ms});
+    sluice::host_stream gate_stream;
+    std::promise<void> gate;
+    auto opened = gate.get_future().share();
+    gate_stream.enqueue([opened] { opened.wait(); });
+    auto gate_event = eng.make_event();
+    eng.record(gate_stream, *gate_event);
     std::vector<char> src(1000, 'x'), dst(1000, '.');
     auto done = eng.make_event();
     REQUIRE(done->ready());  // never recorded
-    eng.copy(dst.data(), src.data(), src.size(), {}, *done);
-    REQUIRE_FALSE(done->ready());  // 30 ms of "bus" to go
+    sluice::copy_event* after[] = {gate_event.get()};
+    eng.copy(dst.data(), src.data(), src.size(), after, *done);
+    REQUIRE_FALSE(done->ready());  // held by the gate, however slow this thread is
+    gate.set_value();
     done->synchronize();
     REQUIRE(done->ready());
     REQUIRE(std::memcmp(dst.data(), src.data(), src.size()) == 0);

@@ -92,7 +92,7 @@ TEST_CASE("device memory comes from the pool: a slot per ring entry, reused", "[
     REQUIRE(eng->destination_pool()->slabs() == 1);
 }
 
-TEST_CASE("at most `ring` batches are ahead of the trainer; releasing one lets the next copy go",
+TEST_CASE("at most `ring` batches are ahead of the trainer, and releasing one lets the next copy go",
           "[to_device]") {
     auto eng = std::make_shared<sluice::host_engine>();
     sluice::pipeline p(sluice::from(make_records(100)) | sluice::batch({.size = 5}) |
@@ -187,7 +187,8 @@ TEST_CASE("a DLPack tensor keeps its ring slot taken until its deleter runs", "[
     std::this_thread::sleep_for(100ms);
     REQUIRE(eng->copies() == 1);  // the slot is still the tensor's
     tensor.reset();
-    REQUIRE(p.next_blocking());
+    auto second = p.next_blocking();  // held: its slot is the only one
+    REQUIRE(second);
     REQUIRE(eng->copies() == 2);
 }
 
@@ -227,6 +228,7 @@ TEST_CASE("an engine that cannot open fails the pipeline's start at once", "[to_
         int device() const noexcept override { return 0; }
         void open() override { throw sluice::error("sluice: to_device: no usable GPU (test)"); }
         std::shared_ptr<sluice::buffer_source> staging() override { return nullptr; }
+        bool staged(const void*) override { return false; }
         std::shared_ptr<sluice::buffer_source> destination() override { return nullptr; }
         std::unique_ptr<sluice::copy_event> make_event() override { return nullptr; }
         void copy(void*, const void*, std::size_t, std::span<sluice::copy_event* const>, sluice::copy_event&) override {}
@@ -245,4 +247,157 @@ TEST_CASE("an engine that cannot open fails the pipeline's start at once", "[to_
     REQUIRE_THROWS_WITH(p.next_blocking(), Catch::Contains("no usable GPU (test)"));
     REQUIRE(std::chrono::steady_clock::now() - t0 < 1s);
     REQUIRE(mapped == 0);  // nothing ran
+}
+
+TEST_CASE("a device batch exports as DLPack with its device, dtype, shape and strides", "[to_device][dlpack]") {
+    auto eng = std::make_shared<sluice::host_engine>();
+    auto s = std::make_shared<const sluice::shard>(sluice::shard{"mem", 0, 0});
+    std::vector<sluice::record> rs;
+    for (std::size_t i = 0; i < 8; ++i) rs.push_back({sluice::bytes::copy_of(std::string(24, char('0' + i))), s, i, 0});
+    sluice::pipeline p(sluice::from(rs) | sluice::batch({.size = 4}) | sluice::to_device({}, eng));
+    auto b = *p.next_blocking();
+    b.synchronize();
+    auto u8 = b.dlpack();
+    REQUIRE(u8->dl_tensor.data == b.data());
+    REQUIRE(u8->dl_tensor.device.device_type == kDLCPU);  // the host engine's memory
+    REQUIRE(u8->dl_tensor.ndim == 2);
+    REQUIRE(u8->dl_tensor.shape[0] == 4);
+    REQUIRE(u8->dl_tensor.shape[1] == 24);
+    REQUIRE(u8->dl_tensor.strides[0] == 24);
+    REQUIRE(u8->dl_tensor.strides[1] == 1);
+    auto f = b.dlpack({.dtype = sluice::dtypes::f32, .shape = {4, 2, -1}});
+    REQUIRE(f->dl_tensor.dtype.code == kDLFloat);
+    REQUIRE(f->dl_tensor.dtype.bits == 32);
+    REQUIRE(f->dl_tensor.shape[2] == 3);
+    REQUIRE(f->dl_tensor.strides[0] == 6);
+    REQUIRE(f->dl_tensor.strides[1] == 3);
+    REQUIRE(f->dl_tensor.strides[2] == 1);
+}
+
+TEST_CASE("dlpack(layout, stream) orders the tensor's memory after the stream's work", "[to_device][dlpack]") {
+    auto eng = std::make_shared<sluice::host_engine>(sluice::host_engine_options{.copy_delay = 2ms});
+    sluice::host_stream stream;
+    sluice::pipeline p(sluice::from(make_records(30)) | sluice::batch({.size = 3}) | sluice::to_device({.ring = 1}, eng));
+    std::atomic<int> good{0}, bad{0};
+    std::size_t first = 0;
+    for (auto& b : p) {
+        auto t = b.dlpack({}, stream);  // the stream waits for the copy
+        stream.enqueue([&, data = static_cast<const char*>(t->dl_tensor.data), offs = b.offsets(), first] {
+            std::this_thread::sleep_for(10ms);
+            for (std::size_t i = 0; i + 1 < offs.size(); ++i)
+                (std::string(data + offs[i], data + offs[i + 1]) == record_text(first + i) ? good : bad)++;
+        });
+        first += b.size();
+        t.reset();  // the "framework" drops the tensor as soon as its work is enqueued
+    }
+    stream.synchronize();
+    REQUIRE(bad == 0);
+    REQUIRE(good == 30);
+}
+
+TEST_CASE("batches waited on two streams are reused after the work on both", "[to_device]") {
+    auto eng = std::make_shared<sluice::host_engine>();
+    sluice::host_stream fast, slow;
+    sluice::pipeline p(sluice::from(make_records(24)) | sluice::batch({.size = 4}) | sluice::to_device({.ring = 1}, eng));
+    std::atomic<int> good{0}, bad{0};
+    std::size_t first = 0;
+    for (auto& b : p) {
+        b.wait(fast);
+        b.wait(slow);
+        b.wait(slow);  // twice: remembered once
+        auto check = [&, data = static_cast<const char*>(b.data()), offs = b.offsets(), first](auto delay) {
+            return [&, data, offs, first, delay] {
+                std::this_thread::sleep_for(delay);
+                for (std::size_t i = 0; i + 1 < offs.size(); ++i)
+                    (std::string(data + offs[i], data + offs[i + 1]) == record_text(first + i) ? good : bad)++;
+            };
+        };
+        fast.enqueue(check(0ms));
+        slow.enqueue(check(15ms));
+        first += b.size();
+    }
+    fast.synchronize();
+    slow.synchronize();
+    REQUIRE(bad == 0);
+    REQUIRE(good == 48);
+}
+
+TEST_CASE("a batch released before its copy finished keeps its staging memory until the copy is done",
+          "[to_device]") {
+    std::promise<void> gate;
+    auto opened = gate.get_future().share();
+    std::atomic<int> copies{0};
+    auto eng = std::make_shared<sluice::host_engine>(sluice::host_engine_options{.before_copy = [opened, &copies] {
+        if (copies++ == 0) opened.wait();  // the first copy stays "on the bus" until opened
+    }});
+    sluice::pipeline p(sluice::from(make_records(10, 1000)) | sluice::batch({.size = 5}) | sluice::to_device({.ring = 1}, eng));
+    {
+        auto b = p.next_blocking();
+        REQUIRE_FALSE(b->ready());
+    }  // released while its copy still runs
+    // The staging buffer is still read by the copy: it is not back in the pool (nothing
+    // else has been freed yet: the second batch is held by the stage or its channel).
+    REQUIRE(eng->staging_pool()->free_bytes() == 0);
+    gate.set_value();
+    auto second = p.next_blocking();  // the slot's reuse waited for the first copy
+    REQUIRE(eng->staging_pool()->free_bytes() > 0);  // and then freed its staging buffer
+    second->synchronize();
+    REQUIRE(device_text(*second, 0) == record_text(5, 1000));
+    second.reset();
+    REQUIRE_FALSE(p.next_blocking());
+    p.stop();
+    REQUIRE(eng->staging_pool()->in_use_bytes() == 0);
+}
+
+TEST_CASE("a release that cannot be ordered fails the pipeline instead of reusing the memory", "[to_device][errors]") {
+    // The host engine, except that recording on the trainer's stream fails (as CUDA does
+    // for a stream destroyed before the batch was released).
+    struct failing_record : sluice::copy_engine {
+        sluice::host_engine inner;
+        std::string describe() const override { return "failing engine"; }
+        int device() const noexcept override { return -1; }
+        void open() override {}
+        std::shared_ptr<sluice::buffer_source> staging() override { return inner.staging(); }
+        bool staged(const void* p) override { return inner.staged(p); }
+        std::shared_ptr<sluice::buffer_source> destination() override { return inner.destination(); }
+        std::unique_ptr<sluice::copy_event> make_event() override { return inner.make_event(); }
+        void copy(void* d, const void* s, std::size_t n, std::span<sluice::copy_event* const> a,
+                  sluice::copy_event& e) override {
+            inner.copy(d, s, n, a, e);
+        }
+        void stream_wait(sluice::stream_ref s, sluice::copy_event& e) override { inner.stream_wait(s, e); }
+        void record(sluice::stream_ref, sluice::copy_event&) override {
+            throw sluice::error("sluice: cudaEventRecord on the consumer's stream failed: invalid resource handle");
+        }
+    };
+    sluice::host_stream stream;
+    sluice::pipeline p(sluice::from(make_records(20)) | sluice::batch({.size = 5}) |
+                       sluice::to_device({.ring = 1}, std::make_shared<failing_record>()));
+    auto first = p.next_blocking();
+    first->wait(stream);
+    first.reset();
+    REQUIRE_THROWS_WITH(p.next_blocking(), Catch::Contains("failing engine: a released batch's memory cannot be reused "
+                                                           "safely: sluice: cudaEventRecord on the consumer's stream failed"));
+}
+
+TEST_CASE("batches not in staging memory are copied and counted as unstaged", "[to_device]") {
+    auto eng = std::make_shared<sluice::host_engine>();
+    // A stage between batch and to_device that makes new (heap) batches.
+    auto rebuild = sluice::make_item_stage<sluice::host_batch, sluice::host_batch>(
+        "rebuild", {}, [](sluice::host_batch&& b, std::vector<sluice::host_batch>& out) {
+            b.data = sluice::bytes::copy_of(b.data.span());
+            out.push_back(std::move(b));
+        });
+    sluice::pipeline p(sluice::from(make_records(20)) | sluice::batch({.size = 5}) | rebuild | sluice::to_device({}, eng));
+    std::size_t next = 0;
+    for (auto& b : p) {
+        b.synchronize();
+        for (std::size_t i = 0; i < b.size(); ++i, ++next) REQUIRE(device_text(b, i) == record_text(next));
+    }
+    REQUIRE(next == 20);
+    std::uint64_t unstaged = 0;
+    for (auto& s : p.figures().stages)
+        for (auto& [name, v] : s.counters)
+            if (s.name == "to_device" && name == "unstaged") unstaged = v;
+    REQUIRE(unstaged == 4);
 }
