@@ -251,6 +251,21 @@ std::uint64_t total_counter(const sluice::pipeline_figures& f, const std::string
     return n;
 }
 
+// What every report starts with: the pipeline stopped, its table on stderr (unless
+// --quiet), and the JSON object opened with "ok" and, on failure, "error".
+template <class P>
+sluice::pipeline_figures stop_and_tabulate(P& p, const options& o) {
+    p.stop();
+    auto f = p.figures();
+    if (!o.quiet) std::cerr << f.table();
+    return f;
+}
+void open_report(sluice::detail::json_writer& w, int status, const std::string& failure) {
+    w.begin_object();
+    w.key("ok").value(status == 0);
+    if (status) w.key("error").value(failure);
+}
+
 // The figures both reports end with: the fetch counters (http sources), memory, the
 // bottleneck and the per-stage table; then the object is closed and printed.
 void finish_report(sluice::detail::json_writer& w, const sluice::pipeline_figures& f, bool http,
@@ -284,15 +299,11 @@ int count_chunks(Source src, const options& o, bool http) {
         status = 1;
         std::cerr << "sluice-probe: " << failure << "\n";
     }
-    p.stop();
-    const auto f = p.figures();
-    if (!o.quiet) std::cerr << f.table();
+    const auto f = stop_and_tabulate(p, o);
     if (o.json) {
         sluice::detail::json_writer w;
         const double s = f.seconds > 0 ? f.seconds : 1e-9;
-        w.begin_object();
-        w.key("ok").value(status == 0);
-        if (status) w.key("error").value(failure);
+        open_report(w, status, failure);
         w.key("objects").value(objects);
         w.key("chunks").value(chunks);
         w.key("payload_bytes").value(bytes);
@@ -348,17 +359,12 @@ int report(Batches batches, const sluice::pipeline_options& popts, const options
         failure = e.what();
         status = 1;
     }
-    p.stop();
-    const auto f = p.figures();
     if (status) std::cerr << "sluice-probe: " << failure << "\n";
-    if (!o.quiet) std::cerr << f.table();
-
+    const auto f = stop_and_tabulate(p, o);
     if (o.json) {
         sluice::detail::json_writer w;
         const double s = f.seconds > 0 ? f.seconds : 1e-9;
-        w.begin_object();
-        w.key("ok").value(status == 0);
-        if (status) w.key("error").value(failure);
+        open_report(w, status, failure);
         w.key("records").value(n_records);
         w.key("batches").value(n_batches);
         w.key("payload_bytes").value(payload);
@@ -461,9 +467,7 @@ int main(int argc, char** argv) {
         std::cerr << "sluice-probe: " << e.what() << "\n";
         if (o.json) {
             sluice::detail::json_writer w;
-            w.begin_object();
-            w.key("ok").value(false);
-            w.key("error").value(std::string(e.what()));
+            open_report(w, 1, e.what());
             w.end_object();
             std::cout << w.str() << std::endl;
         }

@@ -147,10 +147,10 @@ public:
         return ++recorded_;
     }
     void complete(std::uint64_t ticket) {
-        {
-            std::lock_guard lock(m_);
-            if (ticket > completed_) completed_ = ticket;
-        }
+        // Notified under the lock: a waiter that sees the ticket complete may destroy the
+        // event at once (the ring does, at teardown), so nothing may touch it after.
+        std::lock_guard lock(m_);
+        if (ticket > completed_) completed_ = ticket;
         cv_.notify_all();
     }
     /// Block until `ticket` (or the newest ticket when 0) is complete.

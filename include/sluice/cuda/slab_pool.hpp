@@ -124,30 +124,17 @@ public:
         });
     }
 
-    /// Bytes held in slabs (what the system gave).
-    std::size_t reserved_bytes() const {
+    /// What the pool holds, at one moment.
+    struct figures_t {
+        std::size_t reserved_bytes = 0;  // in slabs (what the system gave)
+        std::size_t in_use_bytes = 0;    // in buffers handed out and not yet freed
+        std::size_t free_bytes = 0;      // in freed buffers waiting for reuse
+        std::size_t slabs = 0;           // asked of the system
+        std::size_t allocations = 0;     // buffers handed out
+    };
+    figures_t figures() const {
         std::lock_guard lock(m_);
-        return reserved_;
-    }
-    /// Bytes in buffers handed out and not yet freed.
-    std::size_t in_use_bytes() const {
-        std::lock_guard lock(m_);
-        return in_use_;
-    }
-    /// Bytes in freed buffers waiting for reuse.
-    std::size_t free_bytes() const {
-        std::lock_guard lock(m_);
-        return free_bytes_;
-    }
-    /// How many slabs were asked of the system.
-    std::size_t slabs() const {
-        std::lock_guard lock(m_);
-        return slabs_.size();
-    }
-    /// How many buffers were handed out.
-    std::size_t allocations() const {
-        std::lock_guard lock(m_);
-        return allocations_;
+        return {reserved_, in_use_, free_bytes_, slabs_.size(), allocations_};
     }
     /// Whether `p` lies in one of this pool's slabs.
     bool owns(const void* p) const {

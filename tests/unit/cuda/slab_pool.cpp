@@ -37,13 +37,13 @@ TEST_CASE("a freed buffer serves the next request of its size class", "[slab_poo
     auto pool = sluice::slab_pool::create(sys.options(8u << 20));
     auto a = pool->allocate(1u << 20);
     const std::byte* first = a->data();
-    REQUIRE(pool->in_use_bytes() == a->capacity());
+    REQUIRE(pool->figures().in_use_bytes == a->capacity());
     a.reset();
-    REQUIRE(pool->in_use_bytes() == 0);
+    REQUIRE(pool->figures().in_use_bytes == 0);
     auto b = pool->allocate((1u << 20) - 100);  // same class
     REQUIRE(b->data() == first);
     REQUIRE(sys.allocs == 1);
-    REQUIRE(pool->allocations() == 2);
+    REQUIRE(pool->figures().allocations == 2);
 }
 
 TEST_CASE("buffers are carved from slabs, aligned, without overlap", "[slab_pool]") {
@@ -73,7 +73,7 @@ TEST_CASE("a request larger than a quarter slab gets a slab of its own", "[slab_
     auto pool = sluice::slab_pool::create(sys.options(4u << 20));
     auto big = pool->allocate(3u << 20);
     REQUIRE(sys.allocs == 1);
-    REQUIRE(pool->reserved_bytes() == big->capacity());
+    REQUIRE(pool->figures().reserved_bytes == big->capacity());
     REQUIRE(big->capacity() >= (3u << 20));
     REQUIRE(big->capacity() <= (3u << 20) * 5 / 4);
 }

@@ -72,8 +72,8 @@ TEST_CASE("the batch stage collates straight into the engine's staging memory", 
     }
     REQUIRE(n == 6);
     // Released: every staging and destination buffer is back in its pool.
-    REQUIRE(eng->staging_pool()->in_use_bytes() == 0);
-    REQUIRE(eng->destination_pool()->in_use_bytes() == 0);
+    REQUIRE(eng->staging_pool()->figures().in_use_bytes == 0);
+    REQUIRE(eng->destination_pool()->figures().in_use_bytes == 0);
 }
 
 TEST_CASE("device memory comes from the pool: a slot per ring entry, reused", "[to_device]") {
@@ -88,8 +88,8 @@ TEST_CASE("device memory comes from the pool: a slot per ring entry, reused", "[
     REQUIRE(n == 200);
     // 200 batches of similar size: destination buffers were taken only when a slot first
     // filled or grew, never once per batch.
-    REQUIRE(eng->destination_pool()->allocations() <= 6);
-    REQUIRE(eng->destination_pool()->slabs() == 1);
+    REQUIRE(eng->destination_pool()->figures().allocations <= 6);
+    REQUIRE(eng->destination_pool()->figures().slabs == 1);
 }
 
 TEST_CASE("at most `ring` batches are ahead of the trainer, and releasing one lets the next copy go",
@@ -165,8 +165,10 @@ TEST_CASE("a batch and its DLPack tensor outlive the pipeline", "[to_device]") {
     {
         sluice::pipeline p(sluice::from(make_records(20)) | sluice::batch({.size = 10}) | sluice::to_device({}, eng));
         kept = *p.next_blocking();
-        tensor = p.next_blocking()->dlpack();  // the batch itself is gone at once
-    }
+        auto second = *p.next_blocking();
+        second.synchronize();  // the consumer waits on the copy before reading
+        tensor = second.dlpack();
+    }  // the pipeline and the second batch object are gone; its tensor is not
     kept.synchronize();
     REQUIRE(device_text(kept, 3) == record_text(3));
     REQUIRE(tensor->dl_tensor.ndim == 1);  // ragged: flat bytes
@@ -176,8 +178,8 @@ TEST_CASE("a batch and its DLPack tensor outlive the pipeline", "[to_device]") {
     REQUIRE(kept.data() == nullptr);
     REQUIRE_THROWS_WITH(kept.synchronize(), Catch::Contains("used after release"));
     tensor.reset();
-    REQUIRE(eng->destination_pool()->in_use_bytes() == 0);
-    REQUIRE(eng->staging_pool()->in_use_bytes() == 0);
+    REQUIRE(eng->destination_pool()->figures().in_use_bytes == 0);
+    REQUIRE(eng->staging_pool()->figures().in_use_bytes == 0);
 }
 
 TEST_CASE("a DLPack tensor keeps its ring slot taken until its deleter runs", "[to_device]") {
@@ -337,16 +339,16 @@ TEST_CASE("a batch released before its copy finished keeps its staging memory un
     }  // released while its copy still runs
     // The staging buffer is still read by the copy: it is not back in the pool (nothing
     // else has been freed yet: the second batch is held by the stage or its channel).
-    REQUIRE(eng->staging_pool()->free_bytes() == 0);
+    REQUIRE(eng->staging_pool()->figures().free_bytes == 0);
     gate.set_value();
     auto second = p.next_blocking();  // the slot's reuse waited for the first copy
-    REQUIRE(eng->staging_pool()->free_bytes() > 0);  // and then freed its staging buffer
+    REQUIRE(eng->staging_pool()->figures().free_bytes > 0);  // and then freed its staging buffer
     second->synchronize();
     REQUIRE(device_text(*second, 0) == record_text(5, 1000));
     second.reset();
     REQUIRE_FALSE(p.next_blocking());
     p.stop();
-    REQUIRE(eng->staging_pool()->in_use_bytes() == 0);
+    REQUIRE(eng->staging_pool()->figures().in_use_bytes == 0);
 }
 
 TEST_CASE("a release that cannot be ordered fails the pipeline instead of reusing the memory", "[to_device][errors]") {
