@@ -137,41 +137,45 @@ private:
 };
 
 namespace detail {
-/// An event of host streams: each record() takes a ticket; the stream completes tickets
-/// in order; ready when the newest ticket recorded is complete.
-class host_event final : public copy_event {
-public:
-    /// A new ticket, to be completed by the stream it was recorded on.
+/// The state of a host event: each record() takes a ticket; the stream completes tickets
+/// in order; ready when the newest ticket recorded is complete. Work enqueued on host
+/// streams holds the state, not the event: as with CUDA, an event may be destroyed while
+/// a stream still has to wait for it or complete it.
+struct host_event_state {
+    std::mutex m;
+    std::condition_variable cv;
+    std::uint64_t recorded = 0, completed = 0;
+
     std::uint64_t record() {
-        std::lock_guard lock(m_);
-        return ++recorded_;
+        std::lock_guard lock(m);
+        return ++recorded;
     }
     void complete(std::uint64_t ticket) {
-        // Notified under the lock: a waiter that sees the ticket complete may destroy the
-        // event at once (the ring does, at teardown), so nothing may touch it after.
-        std::lock_guard lock(m_);
-        if (ticket > completed_) completed_ = ticket;
-        cv_.notify_all();
+        std::lock_guard lock(m);
+        if (ticket > completed) completed = ticket;
+        cv.notify_all();
     }
-    /// Block until `ticket` (or the newest ticket when 0) is complete.
     void wait_for(std::uint64_t ticket) {
-        std::unique_lock lock(m_);
-        cv_.wait(lock, [&] { return completed_ >= ticket; });
+        std::unique_lock lock(m);
+        cv.wait(lock, [&] { return completed >= ticket; });
     }
     std::uint64_t newest() {
-        std::lock_guard lock(m_);
-        return recorded_;
+        std::lock_guard lock(m);
+        return recorded;
     }
+};
+
+class host_event final : public copy_event {
+public:
     bool ready() override {
-        std::lock_guard lock(m_);
-        return completed_ >= recorded_;
+        std::lock_guard lock(s_->m);
+        return s_->completed >= s_->recorded;
     }
-    void synchronize() override { wait_for(newest()); }
+    void synchronize() override { s_->wait_for(s_->newest()); }
+    const std::shared_ptr<host_event_state>& state() const noexcept { return s_; }
 
 private:
-    std::mutex m_;
-    std::condition_variable cv_;
-    std::uint64_t recorded_ = 0, completed_ = 0;
+    std::shared_ptr<host_event_state> s_ = std::make_shared<host_event_state>();
 };
 }  // namespace detail
 
@@ -207,40 +211,41 @@ public:
 
     void copy(void* dst, const void* src, std::size_t n, std::span<copy_event* const> after,
               copy_event& done) override {
-        std::vector<std::pair<detail::host_event*, std::uint64_t>> waits;
+        std::vector<std::pair<std::shared_ptr<detail::host_event_state>, std::uint64_t>> waits;
         for (auto* e : after) {
-            auto& he = host(*e);
-            waits.emplace_back(&he, he.newest());  // as cudaStreamWaitEvent: the newest record now
+            auto st = host(*e);
+            const auto t = st->newest();  // as cudaStreamWaitEvent: the newest record now
+            waits.emplace_back(std::move(st), t);
         }
-        auto& d = host(done);
-        const auto ticket = d.record();
+        auto d = host(done);
+        const auto ticket = d->record();
         ++copies_;
-        stream_.enqueue([=, this, &d] {
+        stream_.enqueue([=, this] {
             for (auto& [e, t] : waits) e->wait_for(t);
             if (o_.copy_delay.count() > 0) std::this_thread::sleep_for(o_.copy_delay);  // the "bus"
             if (o_.before_copy) o_.before_copy();
             if (n) std::memcpy(dst, src, n);
-            d.complete(ticket);
+            d->complete(ticket);
         });
     }
     void stream_wait(stream_ref s, copy_event& e) override {
-        auto& he = host(e);
-        const auto t = he.newest();
-        consumer(s).enqueue([&he, t] { he.wait_for(t); });
+        auto st = host(e);
+        const auto t = st->newest();
+        consumer(s).enqueue([st, t] { st->wait_for(t); });
     }
     void record(stream_ref s, copy_event& e) override {
-        auto& he = host(e);
-        const auto t = he.record();
-        consumer(s).enqueue([&he, t] { he.complete(t); });
+        auto st = host(e);
+        const auto t = st->record();
+        consumer(s).enqueue([st, t] { st->complete(t); });
     }
     /// Copies enqueued so far.
     std::uint64_t copies() const noexcept { return copies_.load(); }
 
 private:
-    static detail::host_event& host(copy_event& e) {
+    static std::shared_ptr<detail::host_event_state> host(copy_event& e) {
         auto* h = dynamic_cast<detail::host_event*>(&e);
         if (!h) throw error("sluice: host engine: an event from another engine");
-        return *h;
+        return h->state();
     }
     static host_stream& consumer(stream_ref s) {
         if (!s.host)
