@@ -48,8 +48,8 @@ struct device_slot {
     std::unique_ptr<copy_event> copied;       // recorded after the copy into `memory`
     std::vector<std::unique_ptr<copy_event>> released;  // on the streams that waited on it
     std::size_t released_n = 0;               // of which recorded at the last release
-    host_batch host;                          // the staging copy, kept until the copy is done
-    std::size_t bytes = 0;
+    host_batch host;                          // the staging copy: kept while leased (its size and offsets
+                                              // are the batch's) and until the copy is done
     std::vector<stream_ref> waited;           // streams given to wait(), for release
     std::string release_error;                // why ordering the last release failed
     std::mutex m;                             // wait() and release may run on other threads
@@ -139,7 +139,7 @@ public:
     explicit operator bool() const noexcept { return lease_ != nullptr; }
     /// Records in the batch.
     std::size_t size() const noexcept { return lease_ ? slot().host.size() : 0; }
-    std::size_t byte_size() const noexcept { return lease_ ? slot().bytes : 0; }
+    std::size_t byte_size() const noexcept { return lease_ ? slot().host.byte_size() : 0; }
     /// The batch's bytes in the engine's memory (a device pointer with CUDA).
     void* data() const noexcept { return lease_ ? slot().memory->data() : nullptr; }
     /// Record i is data()[offsets()[i] .. offsets()[i+1]).
@@ -244,7 +244,6 @@ inline stage<host_batch, device_batch> to_device(to_device_options o, std::share
                 s->memory = ring->memory->allocate(bytes);
             }
             s->host = std::move(*hb);
-            s->bytes = bytes;
             std::vector<copy_event*> after;
             for (std::size_t i = 0; i < s->released_n; ++i) after.push_back(s->released[i].get());
             ring->engine->copy(s->memory->data(), s->host.data.data(), bytes, after, *s->copied);
