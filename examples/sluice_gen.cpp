@@ -3,8 +3,9 @@
 // "crc_sum"} where crc_sum is the sum of zlib crc32 over every record (as sluice-probe
 // computes it).
 //
-//   sluice-gen DIR [--files N] [--records R] [--record-size B] [--vary]
+//   sluice-gen DIR [--files N] [--records R] [--record-size B] [--vary] [--uneven]
 //                  [--format lines|raw|tar|tfrecord|recordio] [--gzip] [--seed S]
+//                  [--counts FILE]
 //
 // lines:    each file holds R lines of B letters (with --vary, lengths vary from 0 to 2B);
 // raw:      each file is one record of R*B random bytes;
@@ -12,13 +13,16 @@
 //           each), in a tar archive;
 // tfrecord, recordio: R records of B letters each.
 // Files are named shard-000000.txt, .bin, .tar, .tfrecord or .rec; --gzip compresses
-// each (zlib level 6, as gzip(1)) and adds .gz.
+// each (zlib level 6, as gzip(1)) and adds .gz. --uneven: file i holds R*(3+i%5)/5
+// records instead of R (shards of different sizes, as real datasets have). --counts FILE:
+// also write each file's record count ("COUNT NAME" lines, for sluice::plan's counts).
 
 #include <sluice/core/detail/random.hpp>
 #include <sluice/formats/writers.hpp>
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <filesystem>
@@ -29,8 +33,9 @@
 
 int main(int argc, char** argv) {
     std::string dir, format = "lines";
-    std::uint64_t files = 8, records = 1000, record_size = 100, seed = 1;
-    bool vary = false, gzip = false;
+    std::uint64_t files = 8, records_each = 1000, record_size = 100, seed = 1;
+    bool vary = false, gzip = false, uneven = false;
+    std::string counts_file;
     for (int i = 1; i < argc; ++i) {
         std::string_view a = argv[i];
         auto num = [&]() {
@@ -48,30 +53,33 @@ int main(int argc, char** argv) {
             return out;
         };
         if (a == "--files") files = num();
-        else if (a == "--records") records = num();
+        else if (a == "--records") records_each = num();
         else if (a == "--record-size") record_size = num();
         else if (a == "--seed") seed = num();
         else if (a == "--vary") vary = true;
+        else if (a == "--uneven") uneven = true;
+        else if (a == "--counts" && i + 1 < argc) counts_file = argv[++i];
         else if (a == "--gzip") gzip = true;
         else if (a == "--format" && i + 1 < argc) format = argv[++i];
         else if (!a.empty() && a[0] != '-' && dir.empty()) dir = a;
         else {
-            std::cerr << "usage: sluice-gen DIR [--files N] [--records R] [--record-size B] [--vary] "
-                         "[--format lines|raw|tar|tfrecord|recordio] [--gzip] [--seed S]\n";
+            std::cerr << "usage: sluice-gen DIR [--files N] [--records R] [--record-size B] [--vary] [--uneven] "
+                         "[--format lines|raw|tar|tfrecord|recordio] [--gzip] [--seed S] [--counts FILE]\n";
             return 2;
         }
     }
     const std::string ext = format == "lines" ? "txt" : format == "raw" ? "bin" : format == "recordio" ? "rec" : format;
     if (dir.empty() || (ext != "txt" && ext != "bin" && ext != "tar" && ext != "tfrecord" && ext != "rec")) {
-        std::cerr << "usage: sluice-gen DIR [--files N] [--records R] [--record-size B] [--vary] "
-                     "[--format lines|raw|tar|tfrecord|recordio] [--gzip] [--seed S]\n";
+        std::cerr << "usage: sluice-gen DIR [--files N] [--records R] [--record-size B] [--vary] [--uneven] "
+                     "[--format lines|raw|tar|tfrecord|recordio] [--gzip] [--seed S] [--counts FILE]\n";
         return 2;
     }
     std::filesystem::create_directories(dir);
     sluice::detail::rng r(seed);
     std::uint64_t n_records = 0, payload = 0, crc_sum = 0;
-    std::string rec, shard;
+    std::string rec, shard, counts;
     for (std::uint64_t f = 0; f < files; ++f) {
+        const std::uint64_t records = uneven ? std::max<std::uint64_t>(1, records_each * (3 + f % 5) / 5) : records_each;
         char name[64];
         std::snprintf(name, sizeof name, "shard-%06llu.%s%s", static_cast<unsigned long long>(f), ext.c_str(),
                       gzip ? ".gz" : "");
@@ -84,6 +92,7 @@ int main(int argc, char** argv) {
             crc_sum += crc32_z(0L, reinterpret_cast<const Bytef*>(rec.data()), rec.size());
             payload += rec.size();
             ++n_records;
+            counts += "1 " + std::string(name) + "\n";
         } else {
             for (std::uint64_t k = 0; k < records; ++k) {
                 const auto len = vary ? r.below(2 * record_size + 1) : record_size;
@@ -106,6 +115,7 @@ int main(int argc, char** argv) {
             }
             if (format == "tar") sluice::end_tar(shard);
             n_records += records;
+            counts += std::to_string(records) + " " + name + "\n";
         }
         bool ok;
         if (gzip) {
@@ -119,6 +129,13 @@ int main(int argc, char** argv) {
         }
         if (!ok) {
             std::perror(path.c_str());
+            return 1;
+        }
+    }
+    if (!counts_file.empty()) {
+        std::FILE* out = std::fopen(counts_file.c_str(), "wb");
+        if (!out || std::fwrite(counts.data(), 1, counts.size(), out) != counts.size() || std::fclose(out) != 0) {
+            std::perror(counts_file.c_str());
             return 1;
         }
     }

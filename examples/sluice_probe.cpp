@@ -18,6 +18,7 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -51,7 +52,27 @@ options:
   --shuffle N            shuffle buffer in records; 0 = no shuffle (default 0)
   --seed S               seed for the shard order and the shuffle buffer
   --epochs E             passes over the data (default 1)
-  --rank R --world W     read share R of W (default 0 of 1)
+  --rank R --world W     read share R of W (default: RANK/WORLD_SIZE, OMPI_COMM_WORLD_RANK/
+                         OMPI_COMM_WORLD_SIZE or SLURM_PROCID/SLURM_NTASKS, else 0 of 1)
+  --share drop|pad|by_shard  how ranks share records (default drop: equal shares, the
+                         remainder left out; pad: equal shares, a few records repeated;
+                         by_shard: whole shards, shares may differ)
+  --counts FILE          records per shard ("COUNT NAME" lines): needed for equal shares
+                         when the world is above 1; lets --resume skip what was read
+  --write-counts FILE    count the records of each shard of SOURCE, write FILE, and exit
+  --deterministic        every stage ordered (http(s): objects in shard order; local:
+                         files whole, in order): the same records in the same order on
+                         every run, whatever the threads, requests in flight or chunk size
+  --files-in-flight N    local: files read at once (default 1)
+  --emit-keys FILE       write each delivered record's key (url#index), one per line
+  --stop-after-batches N stop after N batches (with --save-state: a crash-like cut)
+  --save-state FILE      at the end (or the cut), write the pipeline's state to FILE
+  --resume FILE          start from a state written by --save-state: deliver exactly
+                         what that run had not delivered
+  --cache DIR            http(s)/s3: keep a local copy of each object in DIR; later
+                         epochs and runs read it from there (shared safely by processes)
+  --cache-bytes N        the cache's limit in bytes; least recently used objects go
+                         first (default 0: no limit but the disk)
   --threads T            CPU pool threads (default: hardware threads)
   --chunk-size BYTES     read size (default 4194304)
   --channel-bytes BYTES  byte budget of each channel (read, decode, batch)
@@ -94,7 +115,13 @@ struct options {
     std::size_t shuffle = 0;
     std::optional<std::uint64_t> seed;
     unsigned epochs = 1;
-    unsigned rank = 0, world = 1;
+    std::optional<unsigned> rank, world;
+    sluice::share share = sluice::share::drop;
+    std::string counts, write_counts, emit_keys, save_state, resume, cache;
+    std::uint64_t cache_bytes = 0;
+    std::optional<std::uint64_t> stop_after;
+    bool deterministic = false;
+    unsigned files_in_flight = 1;
     unsigned threads = 0;
     std::size_t chunk_size = 4u << 20;
     std::size_t channel_bytes = 64u << 20;
@@ -164,6 +191,33 @@ options parse(int argc, char** argv) {
             o.rank = number<unsigned>(a, value());
         } else if (a == "--world") {
             o.world = number<unsigned>(a, value());
+        } else if (a == "--share") {
+            const std::string v(value());
+            if (v == "drop") o.share = sluice::share::drop;
+            else if (v == "pad") o.share = sluice::share::pad;
+            else if (v == "by_shard") o.share = sluice::share::by_shard;
+            else usage_error("--share takes drop, pad or by_shard, not '" + v + "'");
+        } else if (a == "--counts") {
+            o.counts = value();
+        } else if (a == "--write-counts") {
+            o.write_counts = value();
+        } else if (a == "--deterministic") {
+            o.deterministic = true;
+        } else if (a == "--files-in-flight") {
+            o.files_in_flight = number<unsigned>(a, value());
+            if (o.files_in_flight == 0) usage_error("--files-in-flight must be at least 1");
+        } else if (a == "--emit-keys") {
+            o.emit_keys = value();
+        } else if (a == "--stop-after-batches") {
+            o.stop_after = number<std::uint64_t>(a, value());
+        } else if (a == "--save-state") {
+            o.save_state = value();
+        } else if (a == "--resume") {
+            o.resume = value();
+        } else if (a == "--cache") {
+            o.cache = value();
+        } else if (a == "--cache-bytes") {
+            o.cache_bytes = number<std::uint64_t>(a, value());
         } else if (a == "--threads") {
             o.threads = number<unsigned>(a, value());
         } else if (a == "--chunk-size") {
@@ -230,7 +284,8 @@ options parse(int argc, char** argv) {
         }
     }
     if (o.sources.empty()) usage_error("no SOURCE given");
-    if (o.world == 0 || o.rank >= o.world) usage_error("--rank must be below --world");
+    if (o.rank.has_value() != o.world.has_value()) usage_error("--rank and --world go together");
+    if (o.world && (*o.world == 0 || *o.rank >= *o.world)) usage_error("--rank must be below --world");
     if (o.pinned && o.device) usage_error("--pinned is the host sink; --device collates into pinned memory itself");
     return o;
 }
@@ -271,7 +326,9 @@ void open_report(sluice::detail::json_writer& w, int status, const std::string& 
 void finish_report(sluice::detail::json_writer& w, const sluice::pipeline_figures& f, bool http,
                    std::optional<std::uint64_t> budget_bytes) {
     if (http)
-        for (auto c : {"requests", "parts", "retries", "resumes", "throttled"}) w.key(c).value(total_counter(f, c));
+        for (auto c : {"requests", "parts", "retries", "resumes", "throttled", "cache_hits", "cache_misses",
+                       "cache_write_failures", "cache_evictions"})
+            w.key(c).value(total_counter(f, c));
     w.key("peak_rss_bytes").value(peak_rss_bytes());
     if (budget_bytes) w.key("budget_bytes").value(*budget_bytes);
     w.key("bottleneck").value(f.bottleneck());
@@ -329,13 +386,31 @@ int report(Batches batches, const sluice::pipeline_options& popts, const options
     std::uint64_t n_records = 0, n_batches = 0, payload = 0, crc_sum = 0;
     int status = 0;
     std::string failure;
+    std::ofstream keys;
+    if (!o.emit_keys.empty()) {
+        keys.open(o.emit_keys, std::ios::trunc);
+        if (!keys) {
+            std::cerr << "sluice-probe: cannot write '" << o.emit_keys << "'\n";
+            return 1;
+        }
+    }
     try {
-        for (auto& b : p) {
+        if (o.stop_after && *o.stop_after == 0) p.start();
+        else for (auto& b : p) {
             ++n_batches;
+            if (keys.is_open()) {
+                const sluice::host_batch* hb;
+                if constexpr (device) hb = &b.host();
+                else hb = &b;
+                for (std::size_t i = 0; i < hb->size(); ++i) keys << hb->key(i) << '\n';
+            }
             n_records += b.size();
             payload += b.byte_size();
+            // After the batch is taken and checked: state() is the state after it.
+            const bool cut = o.stop_after && n_batches == *o.stop_after;
             if (!o.crc) {
                 if constexpr (device) b.synchronize();  // the copy is what is measured
+                if (cut) break;
                 continue;
             }
             const std::byte* data;
@@ -354,10 +429,30 @@ int report(Batches batches, const sluice::pipeline_options& popts, const options
                 const auto begin = (*offs)[i], end = (*offs)[i + 1];
                 crc_sum += crc32_z(0L, reinterpret_cast<const Bytef*>(data + begin), end - begin);
             }
+            if (cut) break;
         }
     } catch (const std::exception& e) {
         failure = e.what();
         status = 1;
+    }
+    if (!status && !o.save_state.empty()) {
+        try {
+            const std::string state = p.state();
+            std::ofstream out(o.save_state, std::ios::trunc);
+            out << state;
+            out.flush();
+            if (!out) throw sluice::error("sluice: cannot write the state to '" + o.save_state + "'");
+        } catch (const std::exception& e) {
+            failure = e.what();
+            status = 1;
+        }
+    }
+    if (keys.is_open()) {
+        keys.flush();
+        if (!keys && !status) {
+            failure = "cannot write the keys to '" + o.emit_keys + "'";
+            status = 1;
+        }
     }
     if (status) std::cerr << "sluice-probe: " << failure << "\n";
     const auto f = stop_and_tabulate(p, o);
@@ -404,11 +499,24 @@ int main(int argc, char** argv) {
     const bool http = !kinds.empty() && is_http(kinds.front());
     for (auto& u : kinds)
         if (is_http(u) != http) usage_error("sources must be all local paths or all URLs");
-    auto shards = sluice::list(o.sources, o.s3) |
-                  sluice::plan({.epochs = o.epochs, .seed = o.seed, .rank = o.rank, .world = o.world});
+    if (!o.cache.empty() && !http) usage_error("--cache is for http(s) and s3 sources (local files are read in place)");
+    std::shared_ptr<const sluice::record_counts> counts;
+    if (!o.counts.empty()) {
+        try {
+            counts = sluice::read_record_counts(o.counts);
+        } catch (const std::exception& e) {
+            std::cerr << "sluice-probe: " << e.what() << "\n";
+            return 1;
+        }
+    }
+    sluice::plan_options plan{.epochs = o.epochs, .seed = o.seed, .rank = o.rank, .world = o.world,
+                              .share = o.share, .counts = counts};
+    if (!o.write_counts.empty()) plan = {.rank = 0, .world = 1};  // every shard, once
+    const auto order = o.ordered || o.deterministic ? sluice::ordering::ordered : sluice::ordering::unordered;
+    auto shards = sluice::list(o.sources, o.s3) | sluice::plan(plan);
     auto src = http ? shards | sluice::fetch({.in_flight = o.in_flight,
                                               .min_in_flight = o.min_in_flight,
-                                              .order = o.ordered ? sluice::ordering::ordered : sluice::ordering::unordered,
+                                              .order = order,
                                               .chunk_size = std::min<std::size_t>(o.chunk_size, 1u << 20),
                                               .part_size = o.part_size,
                                               .parts_in_flight = o.parts_in_flight,
@@ -417,8 +525,13 @@ int main(int argc, char** argv) {
                                               .ca_file = o.ca_file,
                                               .insecure = o.insecure,
                                               .s3 = o.s3,
+                                              .cache = {.dir = o.cache, .max_bytes = o.cache_bytes},
                                               .out = {16, o.channel_bytes}})
-                    : shards | sluice::read({.chunk_size = o.chunk_size, .map = o.map, .out = {16, o.channel_bytes}});
+                    : shards | sluice::read({.chunk_size = o.chunk_size,
+                                             .files_in_flight = o.files_in_flight,
+                                             .order = order,
+                                             .map = o.map,
+                                             .out = {16, o.channel_bytes}});
     if (o.format == "chunks") return count_chunks(src, o, http);
     const sluice::decode_options decode{.on_corrupt = o.on_corrupt, .out = {1024, o.channel_bytes}};
     auto records = o.format == "raw"        ? src | sluice::raw({64, o.channel_bytes})
@@ -427,6 +540,20 @@ int main(int argc, char** argv) {
                    : o.format == "recordio" ? src | sluice::recordio(decode)
                                             : src | sluice::gunzip({.on_corrupt = o.on_corrupt}) |
                                                   sluice::lines({1024, o.channel_bytes}, sluice::compression::none);
+    if (!o.write_counts.empty()) {
+        try {
+            const auto n = sluice::count_records(records, {.runtime = {.cpu_threads = o.threads}});
+            sluice::write_record_counts(o.write_counts, n);
+            std::uint64_t total = 0;
+            for (auto& [name, c] : n) total += c;
+            std::cerr << "sluice-probe: " << n.size() << " shards, " << total << " records: counts written to '"
+                      << o.write_counts << "'\n";
+            return 0;
+        } catch (const std::exception& e) {
+            std::cerr << "sluice-probe: " << e.what() << "\n";
+            return 1;
+        }
+    }
     if (o.shuffle > 0) records = records | sluice::shuffle({.buffer = o.shuffle, .seed = o.seed.value_or(0)});
     auto batches = records | sluice::batch({.size = o.batch, .drop_last = o.drop_last, .threads = o.collate_threads, .out = {4, o.channel_bytes}});
     // What the configuration bounds: the three channels' bytes. On top: the shuffle buffer
@@ -436,6 +563,16 @@ int main(int argc, char** argv) {
     const std::uint64_t budget_bytes = 3ull * o.channel_bytes;
 
     sluice::pipeline_options popts{.runtime = {.cpu_threads = o.threads}};
+    if (!o.resume.empty()) {
+        std::ifstream in(o.resume);
+        std::ostringstream blob;
+        blob << in.rdbuf();
+        if (!in || blob.str().empty()) {
+            std::cerr << "sluice-probe: cannot read the state '" << o.resume << "'\n";
+            return 1;
+        }
+        popts.resume = blob.str();
+    }
     if (!o.quiet && o.progress > 0)
         popts.progress = std::chrono::milliseconds(static_cast<long>(o.progress * 1000));
     try {

@@ -39,6 +39,9 @@ struct pipeline_options {
     /// by default writes pipeline_figures::progress_line() to stderr, overwriting the
     /// previous line on a terminal.
     std::function<void(const pipeline_figures&)> on_progress = nullptr;
+    /// A state written by pipeline::state(): the pipeline yields exactly what the saved
+    /// one had left to yield (core/state.hpp). Empty: start from the beginning.
+    std::string resume = {};
 };
 
 template <class T>
@@ -66,6 +69,7 @@ public:
         if (got) {
             detail::bump(consumer().items_in);
             detail::bump(consumer().bytes_in, byte_size_of(*got));
+            note_position(*got);
         }
         last_return_ns_ = detail::now_ns();
         return got;
@@ -76,6 +80,26 @@ public:
     /// stage's error after the items produced before it. The pipeline's threads wake the
     /// coroutine by posting to its executor: stop the pipeline before that executor goes.
     next_op next() { return next_op(*this); }
+
+    /// The state after the last item taken, as a small text blob: start a pipeline
+    /// built the same way with `pipeline_options{.resume = blob}` and it yields exactly the
+    /// items this one had not yet yielded. Needs items that carry their position
+    /// (host_batch, device_batch: the batch stage stamps them); call it from the thread
+    /// that takes the items, between items. Throws sluice::error otherwise.
+    std::string state() {
+        std::lock_guard lock(m_);
+        if (!run_ && !last_run_) throw error("sluice: state(): the pipeline has not started");
+        auto& rs = run_ ? *run_->env.run : *last_run_;
+        stream_point at = position_;
+        if (!took_position_) {
+            if (took_other_)
+                throw error("sluice: state(): the pipeline's items carry no position: end the pipeline at "
+                            "sluice::batch() (host_batch) or to_device() (device_batch)");
+            if (rs.resume()) at = *rs.resume();
+        }
+        if (auto n = rs.epoch_records(at.epoch); n && at.position >= *n) at = {at.epoch + 1, 0};
+        return rs.serialize(at);
+    }
 
     /// Cancel everything and join all work. Safe to call more than once.
     void stop() {
@@ -100,6 +124,7 @@ public:
         auto f = figures_of(*r);
         std::lock_guard lock(m_);  // figures() may read it from another thread
         final_ = std::move(f);
+        last_run_ = r->env.run;  // state() still answers after stop()
     }
 
     /// Figures so far (or final figures after stop()).
@@ -148,15 +173,20 @@ public:
     class next_op {
     public:
         explicit next_op(pipeline& p)
-            : guard_(p.readers_), aw_(p.channel_().receive(&p.consumer().wait_in_ns)) {}
+            : p_(p), guard_(p.readers_), aw_(p.channel_().receive(&p.consumer().wait_in_ns)) {}
         bool await_ready() { return aw_.await_ready(); }
         template <class P>
         void await_suspend(std::coroutine_handle<P> h) {
             aw_.await_suspend(h);
         }
-        std::optional<T> await_resume() { return aw_.await_resume(); }
+        std::optional<T> await_resume() {
+            auto got = aw_.await_resume();
+            if (got) p_.note_position(*got);
+            return got;
+        }
 
     private:
+        pipeline& p_;
         reader_guard guard_;
         typename channel<T>::receive_awaiter aw_;
     };
@@ -197,8 +227,22 @@ private:
     }
     worker_counters& consumer() { return consumer_; }
 
+    template <class U>
+    void note_position(const U& v) {
+        if constexpr (requires { v.epoch; v.position; }) {
+            position_ = {v.epoch, v.position};
+            took_position_ = true;
+        } else if constexpr (requires { v.host().epoch; }) {
+            position_ = {v.host().epoch, v.host().position};
+            took_position_ = true;
+        } else {
+            took_other_ = true;
+        }
+    }
+
     void start_locked() {
         auto r = std::make_unique<running>(opts_.runtime);
+        if (!opts_.resume.empty()) r->env.run = std::make_shared<run_state>(opts_.resume);
         r->start_ns = detail::now_ns();
         consumer_.start_ns.store(r->start_ns, std::memory_order_relaxed);
         // Setups first, last stage first, so a stage can choose the memory of the one
@@ -208,7 +252,7 @@ private:
         std::vector<std::shared_ptr<void>> states(links.size());
         for (std::size_t i = links.size(); i-- > 0;) {
             if (!links[i]->setup) continue;
-            stage_setup s{*r->rt, i ? &memory[i - 1] : nullptr, nullptr, {}};
+            stage_setup s{*r->rt, i ? &memory[i - 1] : nullptr, nullptr, {}, *r->env.run};
             links[i]->setup(s);
             r->env.keep.push_back(s.state);  // before its on_stop can run: ~running cancels
             states[i] = std::move(s.state);
@@ -275,6 +319,10 @@ private:
     std::uint64_t last_return_ns_ = 0;
     std::atomic<int> readers_{0};
     pipeline_figures final_;
+    std::shared_ptr<run_state> last_run_;
+    stream_point position_;  // of the last item taken (the trainer's thread)
+    bool took_position_ = false;
+    bool took_other_ = false;
 };
 
 template <class T>

@@ -11,8 +11,10 @@
 #include <sluice/core/bytes.hpp>
 #include <sluice/core/error.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,6 +27,22 @@ struct shard {
     std::uint32_t epoch = 0;
     /// Position of this shard in its epoch's order (after shuffling and rank split).
     std::uint64_t index = 0;
+
+    static constexpr std::uint64_t all = ~std::uint64_t{0};
+    /// The records of this shard that this rank takes (plan sets them when it splits
+    /// records among ranks or resumes mid-epoch; decoders drop the others): the ordinals
+    /// in [first, end), and those listed in `extra` (sorted, all below `first`).
+    std::uint64_t first = 0;
+    std::uint64_t end = all;
+    std::shared_ptr<const std::vector<std::uint64_t>> extra = nullptr;
+    /// How many records the shard holds, when known (record counts): decoders check it.
+    std::uint64_t records = all;
+
+    bool takes(std::uint64_t ordinal) const noexcept {
+        if (ordinal >= first && ordinal < end) return true;
+        return extra && std::binary_search(extra->begin(), extra->end(), ordinal);
+    }
+    bool takes_all() const noexcept { return first == 0 && end == all; }
 };
 
 /// A piece of a shard's bytes. Chunks of one shard arrive in order; the last one has
@@ -98,5 +116,15 @@ struct sample {
         for (auto& f : fields) f.data = f.data.compact(from);
     }
 };
+
+/// The epoch of an item that knows its shard (record, sample), else nothing: shuffle and
+/// batch keep epochs apart by it.
+template <class T>
+std::optional<std::uint32_t> epoch_of(const T& v) noexcept {
+    if constexpr (requires { v.source->epoch; }) {
+        if (v.source) return v.source->epoch;
+    }
+    return std::nullopt;
+}
 
 }  // namespace sluice

@@ -19,6 +19,7 @@
 #include <sluice/core/channel.hpp>
 #include <sluice/core/detail/turnstile.hpp>
 #include <sluice/core/runtime.hpp>
+#include <sluice/core/state.hpp>
 #include <sluice/core/stats.hpp>
 #include <sluice/core/task.hpp>
 
@@ -141,6 +142,9 @@ struct stage_context {
     std::shared_ptr<buffer_source> memory;
     /// The state this stage's setup made for this run (null without setup).
     std::shared_ptr<void> state;
+    /// Shared by every stage of this run: where it resumes from, and what the stages tell
+    /// each other about the sequence (see core/state.hpp).
+    run_state* run = nullptr;
 };
 
 /// What a stage's setup gets. Setup runs on the thread that starts the pipeline, for
@@ -156,6 +160,8 @@ struct stage_setup {
     /// Functions to run when the pipeline stops, with the channels' cancellation: wake
     /// whatever the stage's workers may wait on besides channels.
     std::vector<std::function<void()>> on_stop;
+    /// Shared by every stage of this run (see core/state.hpp).
+    run_state& run;
 };
 
 namespace detail {
@@ -170,6 +176,7 @@ struct run_env {
     std::size_t live = 0;
     std::vector<std::function<void()>> cancellers;
     std::vector<std::shared_ptr<void>> keep;
+    std::shared_ptr<run_state> run = std::make_shared<run_state>();
 
     void started() {
         std::lock_guard lock(m);
@@ -244,7 +251,7 @@ struct link_impl final : link {
             auto& c = st.worker(i);
             s->contexts.push_back(std::make_unique<stage_context<In, Out>>(stage_context<In, Out>{
                 sluice::input<In>(inch, &c), sluice::output<Out>(outch, &c), env.rt, st, i,
-                s->turn.get(), memory, setup_state}));
+                s->turn.get(), memory, setup_state, env.run.get()}));
             bodies.push_back(body(*s->contexts.back()));  // may throw: nothing counted yet
         }
         env.keep.push_back(s);

@@ -7,7 +7,9 @@
 #include <sluice/formats/detail/cursor.hpp>
 #include <sluice/formats/detail/gzip_inflater.hpp>
 
+#include <algorithm>
 #include <functional>
+#include <unordered_map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,6 +47,48 @@ struct gzip_options {
 
 namespace detail {
 
+/// Wraps a decoder (`void d(chunk&&, std::vector<Out>&)`): passes on only the records
+/// each shard's plan takes (shard::takes: the rank's share, or on resume what is needed
+/// again), and at a shard's end checks it yielded as many records as its record count
+/// says, since plan's positions rely on it.
+template <class D>
+struct selecting {
+    D d;
+    std::unordered_map<const shard*, std::uint64_t> yielded;
+
+    template <class Out>
+    void operator()(chunk&& c, std::vector<Out>& out) {
+        const std::size_t before = out.size();
+        const std::shared_ptr<const shard> src = c.source;
+        const bool last = c.last;
+        std::exception_ptr failed;
+        try {
+            d(std::move(c), out);
+        } catch (...) {
+            failed = std::current_exception();
+        }
+        if (!src) {
+            if (failed) std::rethrow_exception(failed);
+            return;
+        }
+        auto& n = yielded[src.get()];
+        n += out.size() - before;
+        if (!src->takes_all())
+            out.erase(std::remove_if(out.begin() + static_cast<std::ptrdiff_t>(before), out.end(),
+                                     [&](const Out& o) { return !src->takes(o.index); }),
+                      out.end());
+        if (failed) {
+            yielded.erase(src.get());
+            std::rethrow_exception(failed);
+        }
+        if (!last) return;
+        const std::uint64_t got = n;
+        yielded.erase(src.get());
+        if (src->records != shard::all && got != src->records)
+            throw source_error(src->url, "the shard yields " + std::to_string(got) + " records but the record counts say " +
+                                             std::to_string(src->records) + " (counts made from other data?):");
+    }
+};
 template <class Out, class D>
 task<void> decode_worker(stage_context<chunk, Out>& ctx, D d) {
     std::vector<Out> outs;
@@ -138,7 +182,7 @@ stage<chunk, Out> detail::decoder(std::string name, decode_options o, bool count
             pol->verify = o.verify;
             pol->max_record_bytes = o.max_record_bytes;
             if (counts_ignored) pol->ignored = &ctx.stats.counter("ignored");
-            return decode_worker(ctx, shard_parsers<Parser, Out>(std::move(pol)));
+            return decode_worker(ctx, selecting<shard_parsers<Parser, Out>>{shard_parsers<Parser, Out>(std::move(pol)), {}});
         },
         /*counts_records=*/true);
     if (o.gzip == compression::none) return parse;

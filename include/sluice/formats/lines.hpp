@@ -78,7 +78,7 @@ private:
 /// Example: `| sluice::read() | sluice::lines() | sluice::batch({.size = 1024})`
 inline stage<chunk, record> lines(channel_limits out = {1024, 64u << 20}, compression gz = compression::detect) {
     auto split = make_item_stage<chunk, record>("lines", {.on = pool::cpu, .buffer = out},
-                                                detail::lines_decoder{}, /*counts_records=*/true);
+                                                detail::selecting<detail::lines_decoder>{}, /*counts_records=*/true);
     if (gz == compression::none) return split;
     return gunzip({.mode = gz}) | std::move(split);
 }

@@ -3,6 +3,7 @@
 
 #include <sluice/core/record.hpp>
 #include <sluice/core/stage.hpp>
+#include <sluice/formats/decode.hpp>
 
 #include <cstring>
 #include <unordered_map>
@@ -48,7 +49,7 @@ private:
 /// Cancellation: stops at the next send.
 /// Example: `sluice::list("images/*.jpg") | sluice::plan() | sluice::read() | sluice::raw()`
 inline stage<chunk, record> raw(channel_limits out = {64, 256u << 20}) {
-    return make_item_stage<chunk, record>("raw", {.on = pool::cpu, .buffer = out}, detail::raw_decoder{},
+    return make_item_stage<chunk, record>("raw", {.on = pool::cpu, .buffer = out}, detail::selecting<detail::raw_decoder>{},
                                           /*counts_records=*/true);
 }
 

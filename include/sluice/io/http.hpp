@@ -7,6 +7,8 @@
 #include <sluice/core/stage.hpp>
 #include <sluice/io/detail/curl_engine.hpp>
 #include <sluice/io/detail/curl_errors.hpp>
+#include <sluice/io/cache.hpp>
+#include <sluice/io/local.hpp>
 
 #include <asio/steady_timer.hpp>
 
@@ -59,6 +61,10 @@ struct fetch_options {
     /// For s3:// URLs: endpoint, region, credentials, addressing (io/s3.hpp). Requests
     /// are signed (SigV4) unless `s3.anonymous`; everything above applies to them too.
     s3_options s3 = {};
+    /// A local cache of what is fetched (io/cache.hpp): with `cache.dir` set, an object
+    /// found there is read from local disk, and one that is not is written there as it
+    /// streams, so later epochs (and other processes on the node) read it locally.
+    cache_options cache = {};
     /// Capacity of the output channel, in chunks and bytes.
     channel_limits out = {16, 64u << 20};
 };
@@ -235,6 +241,16 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
     auto& throttled = ctx.stats.counter("throttled");
     auto& parts_counter = ctx.stats.counter("parts");
     auto& limit_gauge = ctx.stats.counter("in_flight_limit");
+    auto* cache = static_cast<local_cache*>(ctx.state.get());
+    std::atomic<std::uint64_t> unused{0};  // without a cache, no cache counters in the stats
+    auto cache_counter = [&](const char* name) -> std::atomic<std::uint64_t>& {
+        return cache ? ctx.stats.counter(name) : unused;
+    };
+    auto& cache_hits = cache_counter("cache_hits");
+    auto& cache_misses = cache_counter("cache_misses");
+    auto& cache_failures = cache_counter("cache_write_failures");
+    auto& cache_evictions = cache_counter("cache_evictions");
+    auto& cache_skipped = cache_counter("cache_too_large");
     auto lim = limiter_for(&ctx.stats, o.in_flight, o.min_in_flight);
     limit_gauge.store(lim->limit(), std::memory_order_relaxed);
     auto release = [&](http_part& p, bool ok, bool throttled) {
@@ -251,7 +267,21 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
         auto src = std::make_shared<const shard>(std::move(*s));
         bool my_turn = !ctx.turn;  // ordered: hand on nothing before the objects before
         std::exception_ptr failed;
+        std::unique_ptr<local_cache::writer> copy;
         try {
+            if (cache) {
+                if (auto hit = cache->find(src->url)) {
+                    fd_guard fd(hit->fd);
+                    cache_hits.fetch_add(1, std::memory_order_relaxed);
+                    turn_gate gate(ctx.turn, ticket);
+                    co_await read_file(ctx, src, hit->path, fd, cache->options().chunk_size, false, gate, hit->size);
+                    my_turn = true;
+                    gate.done();
+                    continue;
+                }
+                cache_misses.fetch_add(1, std::memory_order_relaxed);
+                copy = std::make_unique<local_cache::writer>(*cache, src->url);
+            }
             std::uint64_t offset = 0;  // of the next byte to deliver
             std::uint64_t total = http_request::npos;
             std::uint64_t next_from = part_size;  // of the next part to start
@@ -339,6 +369,7 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
                                                          " to a request for bytes from " + std::to_string(p.from) + " of", {},
                                            offset);
                     chunk c{src, offset, std::move(*data), false, false};
+                    if (copy) copy->write(c.data.span(), offset);
                     offset += c.data.size();
                     if (!my_turn) {
                         co_await ctx.turn->wait(ticket);
@@ -409,6 +440,12 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
             if (total != http_request::npos && offset != total)
                 throw source_error(src->url, "cannot fetch (" + std::to_string(offset) + " of " + std::to_string(total) +
                                                  " bytes arrived)", {}, offset);
+            if (copy) {
+                if (!copy->commit(offset) && !copy->failed()) cache_skipped.fetch_add(1, std::memory_order_relaxed);
+                cache_failures.store(cache->failures.load(std::memory_order_relaxed), std::memory_order_relaxed);
+                cache_evictions.store(cache->evictions.load(std::memory_order_relaxed), std::memory_order_relaxed);
+                copy.reset();
+            }
             chunk last{src, offset, {}, true, false};
             if (!my_turn) {
                 co_await ctx.turn->wait(ticket);
@@ -445,6 +482,9 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
 inline stage<shard, chunk> fetch(fetch_options o = {}) {
     return make_stage<shard, chunk>(
         "fetch", {.concurrency = std::max(1u, o.in_flight), .order = o.order, .on = pool::io, .buffer = o.out},
+        [o](stage_setup& s) {
+            if (!o.cache.dir.empty()) s.state = std::make_shared<detail::local_cache>(o.cache);
+        },
         [o](stage_context<shard, chunk>& ctx) { return detail::fetch_worker(ctx, o); });
 }
 

@@ -11,7 +11,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <system_error>
 
@@ -26,6 +28,10 @@ struct read_options {
     /// files are read in parallel only on the CPU pool (`.on = pool::cpu`); on the I/O
     /// loop, its one thread takes turns.
     unsigned files_in_flight = 1;
+    /// With several files in flight: ordered delivers each file whole, in plan order (each
+    /// file reads ahead one chunk while it waits its turn), which a deterministic pipeline
+    /// needs; unordered interleaves their chunks as they are read.
+    ordering order = ordering::unordered;
     /// Where the blocking reads run. The I/O loop by default: page-cache reads take
     /// microseconds per chunk. The CPU pool for slow or network file systems, where a read
     /// that blocks would hold up the loop.
@@ -68,63 +74,115 @@ inline bytes map_file(const std::string& path, int fd, std::size_t size) {
     return bytes(std::move(mapping), size);
 }
 
+/// An ordered stage's turn (see turnstile): a worker holding ticket `ticket` sends its
+/// first output only once the items before it are done. Unordered: always its turn.
+struct turn_gate {
+    turnstile* turn = nullptr;
+    std::uint64_t ticket = 0;
+    bool mine = true;
+    turn_gate(turnstile* t, std::uint64_t k) : turn(t), ticket(k), mine(t == nullptr) {}
+    /// Before each send.
+    task<void> wait() {
+        if (!mine) {
+            co_await turn->wait(ticket);
+            mine = true;
+        }
+    }
+    /// After the item's last output.
+    void done() {
+        if (turn) turn->done(ticket);
+    }
+};
+
+/// Sends the open file `fd` (named `path` in messages) as chunks of `chunk_size` bytes,
+/// named as `src` (the shard the bytes belong to: the file itself, or a cached copy of a
+/// remote object). `length`: bytes to send (a cached copy ends in a trailer), or all.
+inline task<void> read_file(stage_context<shard, chunk>& ctx, std::shared_ptr<const shard> src, const std::string& path,
+                            const fd_guard& fd, std::size_t chunk_size, bool map, turn_gate& gate,
+                            std::uint64_t length = ~0ull) {
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) throw source_error(path, "cannot stat", errno_code());
+    if (S_ISDIR(st.st_mode)) throw source_error(path, "cannot read", std::make_error_code(std::errc::is_a_directory));
+    ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+    if (S_ISREG(st.st_mode) && length != ~0ull) st.st_size = static_cast<off_t>(std::min<std::uint64_t>(length, st.st_size));
+    if (map && S_ISREG(st.st_mode) && st.st_size > 0) {
+        const auto size = static_cast<std::size_t>(st.st_size);
+        const bytes whole = map_file(path, fd.get(), size);
+        for (std::size_t off = 0; off < size; off += chunk_size) {
+            const std::size_t n = std::min(chunk_size, size - off);
+            // A named chunk, not `send(chunk{...})`: g++ 12 destroys the members of a
+            // braced temporary in a co_await operand twice (seen as a shared_ptr
+            // released twice under ASan).
+            chunk c{src, off, whole.slice(off, n), off + n == size, false};
+            co_await gate.wait();
+            co_await ctx.out.send(std::move(c));
+        }
+        co_return;
+    }
+    // The size at open decides where the file ends: a file that grows while read is
+    // read up to that size; one that shrinks ends early.
+    const std::uint64_t size = S_ISREG(st.st_mode) ? static_cast<std::uint64_t>(st.st_size) : ~0ull;
+    std::uint64_t offset = 0;
+    for (;;) {
+        // No bigger than what is left of the file: a record sliced from the chunk of a
+        // small file must not pin a whole chunk_size buffer, which the channels' byte
+        // budgets (counting record bytes) would not see.
+        const std::size_t want =
+            size == ~0ull ? chunk_size : static_cast<std::size_t>(std::min<std::uint64_t>(chunk_size, size - offset));
+        auto buf = ctx.rt.buffers()->allocate(want);
+        std::size_t filled = 0;
+        bool eof = false;
+        while (filled < want) {
+            const ssize_t n =
+                ::pread(fd.get(), buf->data() + filled, want - filled, static_cast<off_t>(offset + filled));
+            if (n < 0) {
+                if (errno == EINTR) continue;
+                throw source_error(path, "cannot read", errno_code(), offset + filled);
+            }
+            if (n == 0) {
+                eof = true;
+                break;
+            }
+            filled += static_cast<std::size_t>(n);
+        }
+        const bool last = eof || offset + filled >= size;
+        chunk c{src, offset, bytes(std::move(buf), filled), last, false};
+        offset += filled;
+        co_await gate.wait();
+        co_await ctx.out.send(std::move(c));
+        if (last) break;
+    }
+}
+
 inline task<void> read_worker(stage_context<shard, chunk>& ctx, read_options o) {
     const std::size_t chunk_size = o.chunk_size ? o.chunk_size : (4u << 20);
-    while (auto s = co_await ctx.in.next()) {
-        auto src = std::make_shared<const shard>(std::move(*s));
-        const std::string& path = src->url;
-        fd_guard fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-        if (fd.get() < 0) throw source_error(path, "cannot open", errno_code());
-        struct stat st {};
-        if (::fstat(fd.get(), &st) != 0) throw source_error(path, "cannot stat", errno_code());
-        if (S_ISDIR(st.st_mode))
-            throw source_error(path, "cannot read", std::make_error_code(std::errc::is_a_directory));
-        ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
-        if (o.map && S_ISREG(st.st_mode) && st.st_size > 0) {
-            const auto size = static_cast<std::size_t>(st.st_size);
-            const bytes whole = map_file(path, fd.get(), size);
-            for (std::size_t off = 0; off < size; off += chunk_size) {
-                const std::size_t n = std::min(chunk_size, size - off);
-                // A named chunk, not `send(chunk{...})`: g++ 12 destroys the members of a
-                // braced temporary in a co_await operand twice (seen as a shared_ptr
-                // released twice under ASan).
-                chunk c{src, off, whole.slice(off, n), off + n == size, false};
-                co_await ctx.out.send(std::move(c));
-            }
-            continue;
+    for (;;) {
+        std::uint64_t ticket = 0;
+        std::optional<shard> s;
+        std::exception_ptr failed;
+        try {
+            s = co_await ctx.in.next(ctx.turn ? &ticket : nullptr);
+        } catch (...) {
+            failed = std::current_exception();
         }
-        // The size at open decides where the file ends: a file that grows while read is
-        // read up to that size; one that shrinks ends early.
-        const std::uint64_t size = S_ISREG(st.st_mode) ? static_cast<std::uint64_t>(st.st_size) : ~0ull;
-        std::uint64_t offset = 0;
-        for (;;) {
-            // No bigger than what is left of the file: a record sliced from the chunk of a
-            // small file must not pin a whole chunk_size buffer, which the channels' byte
-            // budgets (counting record bytes) would not see.
-            const std::size_t want =
-                size == ~0ull ? chunk_size : static_cast<std::size_t>(std::min<std::uint64_t>(chunk_size, size - offset));
-            auto buf = ctx.rt.buffers()->allocate(want);
-            std::size_t filled = 0;
-            bool eof = false;
-            while (filled < want) {
-                const ssize_t n = ::pread(fd.get(), buf->data() + filled, want - filled,
-                                          static_cast<off_t>(offset + filled));
-                if (n < 0) {
-                    if (errno == EINTR) continue;
-                    throw source_error(path, "cannot read", errno_code(), offset + filled);
-                }
-                if (n == 0) {
-                    eof = true;
-                    break;
-                }
-                filled += static_cast<std::size_t>(n);
+        turn_gate gate(ctx.turn, ticket);
+        if (!failed && !s) break;
+        if (!failed) {
+            try {
+                auto src = std::make_shared<const shard>(std::move(*s));
+                fd_guard fd(::open(src->url.c_str(), O_RDONLY | O_CLOEXEC));
+                if (fd.get() < 0) throw source_error(src->url, "cannot open", errno_code());
+                co_await read_file(ctx, src, src->url, fd, chunk_size, o.map, gate);
+            } catch (...) {
+                failed = std::current_exception();
             }
-            const bool last = eof || offset + filled >= size;
-            chunk c{src, offset, bytes(std::move(buf), filled), last, false};
-            offset += filled;
-            co_await ctx.out.send(std::move(c));
-            if (last) break;
         }
+        if (failed) {
+            // Ordered: an error follows every file before it.
+            if (!gate.mine && !is_stop(failed)) co_await gate.wait();
+            std::rethrow_exception(failed);
+        }
+        gate.done();
     }
 }
 }  // namespace detail
@@ -141,7 +199,7 @@ inline task<void> read_worker(stage_context<shard, chunk>& ctx, read_options o) 
 inline stage<shard, chunk> read(read_options o = {}) {
     return make_stage<shard, chunk>(
         "read",
-        {.concurrency = o.files_in_flight, .order = ordering::unordered, .on = o.on, .buffer = o.out},
+        {.concurrency = o.files_in_flight, .order = o.order, .on = o.on, .buffer = o.out},
         [o](stage_context<shard, chunk>& ctx) { return detail::read_worker(ctx, o); });
 }
 template <class A>

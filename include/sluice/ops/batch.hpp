@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <optional>
 #include <memory>
 #include <span>
 #include <string>
@@ -24,6 +26,12 @@ struct host_batch {
     std::vector<std::shared_ptr<const shard>> sources;
     std::vector<std::uint64_t> indices;  // each record's ordinal within its shard
 
+    /// Where this batch ends in the sequence: its records belong to `epoch`, and
+    /// `position` records of that epoch have been batched up to and including this one
+    /// (pipeline::state() saves it).
+    std::uint32_t epoch = 0;
+    std::uint64_t position = 0;
+
     std::size_t size() const noexcept { return offsets.empty() ? 0 : offsets.size() - 1; }
     std::span<const std::byte> operator[](std::size_t i) const noexcept {
         return data.span().subspan(offsets[i], offsets[i + 1] - offsets[i]);
@@ -37,7 +45,9 @@ struct host_batch {
 
 struct batch_options {
     std::size_t size = 32;
-    /// Drop a last batch smaller than `size` (keeps every step the same shape).
+    /// Drop each epoch's last batch when it is smaller than `size` (keeps every step the
+    /// same shape). Items that know their epoch (records, samples) are batched epoch by
+    /// epoch: a batch never mixes two epochs.
     bool drop_last = false;
     /// Where collated batches live. When null: the memory the next stage asks for
     /// (to_device asks for its engine's staging memory, pinned with CUDA), else the
@@ -52,6 +62,18 @@ struct batch_options {
 };
 
 namespace detail {
+/// A group of records on its way to collation, with where it ends in the sequence.
+struct record_group {
+    std::vector<record> records;
+    std::uint32_t epoch = 0;
+    std::uint64_t position = 0;
+    std::size_t byte_size() const noexcept {
+        std::size_t n = 0;
+        for (auto& r : records) n += r.data.size();
+        return n;
+    }
+};
+
 inline host_batch collate_records(std::vector<record>& rs, buffer_source& mem) {
     host_batch b;
     b.offsets.reserve(rs.size() + 1);
@@ -75,17 +97,46 @@ inline host_batch collate_records(std::vector<record>& rs, buffer_source& mem) {
     return b;
 }
 
+/// The batch stage's part in resuming: its settings define the sequence, and without a
+/// shuffle before it, it is the stage that says which records are needed again.
+inline std::function<void(stage_setup&)> batch_setup(const batch_options& o) {
+    return [o](stage_setup& s) {
+        s.run.note("batch", "size=" + std::to_string(o.size) + " drop_last=" + std::to_string(int(o.drop_last)));
+        if (auto at = s.run.resume()) s.run.request({at->epoch, {}, at->position});
+    };
+}
+
+// `collate(group, epoch, position)` makes one output.
 template <class T, class Out, class F>
 task<void> batch_worker(stage_context<T, Out>& ctx, batch_options o, F collate) {
     std::vector<T> group;
     const std::size_t n = o.size ? o.size : 1;
     group.reserve(n);
+    std::optional<std::uint32_t> epoch;
+    std::uint64_t position = 0;    // records of `epoch` seen
+    std::uint64_t skip_below = 0;  // on resume without a replay plan: already delivered
+    if (ctx.run && ctx.run->resume()) {
+        epoch = ctx.run->resume()->epoch;
+        if (ctx.run->served()) position = ctx.run->resume()->position;
+        else skip_below = ctx.run->resume()->position;
+    }
     auto flush = [&]() -> Out {
-        Out out = collate(group);
+        Out out = collate(group, epoch.value_or(0), position);
         group.clear();
         return out;
     };
     while (auto item = co_await ctx.in.next()) {
+        if (auto e = epoch_of(*item)) {
+            if (epoch && *e != *epoch) {
+                if (!group.empty() && !o.drop_last) co_await ctx.out.send(flush());
+                group.clear();
+                position = 0;
+                skip_below = 0;
+            }
+            epoch = *e;
+        }
+        ++position;
+        if (position <= skip_below) continue;
         group.push_back(std::move(*item));
         if (group.size() == n) co_await ctx.out.send(flush());
     }
@@ -102,28 +153,37 @@ task<void> batch_worker(stage_context<T, Out>& ctx, batch_options o, F collate) 
 /// Example: `| sluice::batch({.size = 256, .drop_last = true})`
 inline stage<record, host_batch> batch(batch_options o = {}) {
     if (o.threads > 1) {
-        auto group = make_stage<record, std::vector<record>>(
-            "group", {.on = pool::cpu, .buffer = {2 * o.threads, 0}},
-            [o](stage_context<record, std::vector<record>>& ctx) {
-                return detail::batch_worker<record, std::vector<record>>(
-                    ctx, o, [](std::vector<record>& g) { return std::move(g); });
+        auto group = make_stage<record, detail::record_group>(
+            "group", {.on = pool::cpu, .buffer = {2 * o.threads, 0}}, detail::batch_setup(o),
+            [o](stage_context<record, detail::record_group>& ctx) {
+                return detail::batch_worker<record, detail::record_group>(
+                    ctx, o, [](std::vector<record>& g, std::uint32_t e, std::uint64_t pos) {
+                        return detail::record_group{std::move(g), e, pos};
+                    });
             });
-        auto collate = make_stage<std::vector<record>, host_batch>(
+        auto collate = make_stage<detail::record_group, host_batch>(
             "batch", {.concurrency = o.threads, .order = ordering::ordered, .on = pool::cpu, .buffer = o.out},
-            [o](stage_context<std::vector<record>, host_batch>& ctx) {
+            [o](stage_context<detail::record_group, host_batch>& ctx) {
                 std::shared_ptr<buffer_source> mem = o.memory ? o.memory : ctx.memory;
-                return detail::item_worker(ctx, [mem](std::vector<record>&& g, std::vector<host_batch>& out) {
-                    out.push_back(detail::collate_records(g, *mem));
+                return detail::item_worker(ctx, [mem](detail::record_group&& g, std::vector<host_batch>& out) {
+                    out.push_back(detail::collate_records(g.records, *mem));
+                    out.back().epoch = g.epoch;
+                    out.back().position = g.position;
                 });
             });
         return group | collate;
     }
     return make_stage<record, host_batch>(
-        "batch", {.on = pool::cpu, .buffer = o.out},
+        "batch", {.on = pool::cpu, .buffer = o.out}, detail::batch_setup(o),
         [o](stage_context<record, host_batch>& ctx) {
             std::shared_ptr<buffer_source> mem = o.memory ? o.memory : ctx.memory;
             return detail::batch_worker<record, host_batch>(
-                ctx, o, [mem](std::vector<record>& g) { return detail::collate_records(g, *mem); });
+                ctx, o, [mem](std::vector<record>& g, std::uint32_t e, std::uint64_t pos) {
+                    auto b = detail::collate_records(g, *mem);
+                    b.epoch = e;
+                    b.position = pos;
+                    return b;
+                });
         });
 }
 
@@ -134,9 +194,12 @@ template <class F>
 auto batch(batch_options o, F collate) {
     auto make = [o, collate]<class T>() {
         using Out = std::remove_cvref_t<std::invoke_result_t<F&, std::vector<T>&>>;
-        return make_stage<T, Out>("batch", {.on = pool::cpu, .buffer = o.out},
+        return make_stage<T, Out>("batch", {.on = pool::cpu, .buffer = o.out}, detail::batch_setup(o),
                                   [o, collate](stage_context<T, Out>& ctx) {
-                                      return detail::batch_worker<T, Out>(ctx, o, collate);
+                                      return detail::batch_worker<T, Out>(
+                                          ctx, o, [collate](std::vector<T>& g, std::uint32_t, std::uint64_t) mutable {
+                                              return collate(g);
+                                          });
                                   });
     };
     return detail::deferred<decltype(make)>{make};

@@ -1,18 +1,158 @@
 #pragma once
-// sluice::plan: decides which shards this process reads, in which order, for how many
-// epochs.
+// sluice::plan: decides which shards (and which of their records) this process reads, in
+// which order, for how many epochs.
 
 #include <sluice/core/detail/random.hpp>
 #include <sluice/core/error.hpp>
+#include <sluice/core/pipeline.hpp>
 #include <sluice/core/record.hpp>
 #include <sluice/core/stage.hpp>
+#include <sluice/core/state.hpp>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <vector>
 
 namespace sluice {
+
+/// How many records each shard holds: what plan needs to give every rank the same number
+/// of records (and so of steps), and to resume mid-epoch without reading the epoch again.
+/// Keys are the URLs or paths as listed; a key that is a bare file name also matches any
+/// listed URL ending in "/" + that name.
+using record_counts = std::map<std::string, std::uint64_t>;
+
+/// Reads record counts from a text file: one "COUNT NAME" per line (blank lines and `#`
+/// comments skipped), as write_record_counts() and `sluice-probe --write-counts` write it.
+/// Throws sluice::source_error naming the file and line.
+inline std::shared_ptr<const record_counts> read_record_counts(const std::string& path) {
+    errno = 0;
+    std::ifstream in(path);
+    if (!in)
+        throw source_error(path, "cannot read the record counts",
+                           errno ? std::error_code(errno, std::generic_category())
+                                 : std::make_error_code(std::errc::no_such_file_or_directory));
+    auto out = std::make_shared<record_counts>();
+    std::string line;
+    for (std::uint64_t n = 1; std::getline(in, line); ++n) {
+        const auto start = line.find_first_not_of(" \t");
+        if (start == std::string::npos || line[start] == '#') continue;
+        std::size_t used = 0;
+        std::uint64_t count = 0;
+        try {
+            count = std::stoull(line.substr(start), &used);
+        } catch (const std::exception&) {
+            used = 0;
+        }
+        const auto name_at = line.find_first_not_of(" \t", start + used);
+        if (used == 0 || line[start] == '-' || name_at == std::string::npos || name_at == start + used)
+            throw source_error(path, "line " + std::to_string(n) + " is not 'COUNT NAME' in the record counts",
+                               std::make_error_code(std::errc::invalid_argument));
+        std::string name = line.substr(name_at);
+        while (!name.empty() && (name.back() == '\r' || name.back() == ' ')) name.pop_back();
+        (*out)[name] = count;
+    }
+    return out;
+}
+
+/// Writes record counts as read_record_counts() reads them.
+inline void write_record_counts(const std::string& path, const record_counts& counts) {
+    errno = 0;
+    std::ofstream out(path, std::ios::trunc);
+    for (auto& [name, n] : counts) out << n << ' ' << name << '\n';
+    out.flush();
+    if (!out)
+        throw source_error(path, "cannot write the record counts",
+                           errno ? std::error_code(errno, std::generic_category()) : std::make_error_code(std::errc::io_error));
+}
+
+/// Counts the records each shard yields by running `src` (a pipeline ending at a decoder:
+/// list | plan | read or fetch | lines, tfrecord, webdataset...) once, with one epoch and
+/// one rank. Shards that yield nothing are counted as 0.
+template <class T>
+record_counts count_records(source<T> src, pipeline_options po = {}) {
+    record_counts out;
+    pipeline<T> p(std::move(src), std::move(po));
+    std::string last_url;
+    std::uint64_t* last = nullptr;
+    while (auto item = p.next_blocking()) {
+        const std::string& url = item->source ? item->source->url : std::string();
+        if (!last || url != last_url) {
+            last_url = url;
+            last = &out[url];
+        }
+        ++*last;
+    }
+    return out;
+}
+
+/// Rank and world size as the launcher set them.
+struct launcher_rank {
+    unsigned rank = 0;
+    unsigned world = 1;
+    /// The variables they came from ("RANK/WORLD_SIZE"...), empty when none was set.
+    std::string from = {};
+};
+
+/// Rank and world size from the launcher's environment: RANK and WORLD_SIZE (torchrun,
+/// torch.distributed), then OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE (Open MPI's
+/// mpirun), then SLURM_PROCID and SLURM_NTASKS (srun); 0 of 1 when none is set. A pair
+/// with one half missing, a value that is not a number, or a rank not below the world size
+/// is a sluice::error naming the variable.
+inline launcher_rank rank_from_env() {
+    static constexpr const char* pairs[][2] = {
+        {"RANK", "WORLD_SIZE"}, {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}, {"SLURM_PROCID", "SLURM_NTASKS"}};
+    for (auto& [rank_var, world_var] : pairs) {
+        const char* r = std::getenv(rank_var);
+        const char* w = std::getenv(world_var);
+        if (!r && !w) continue;
+        if (!r || !w)
+            throw error(std::string("sluice: ") + (r ? world_var : rank_var) + " is not set but " +
+                        (r ? rank_var : world_var) + " is: set both, or neither");
+        auto number = [](const char* var, const char* v) {
+            std::size_t used = 0;
+            unsigned long n = 0;
+            try {
+                n = std::stoul(v, &used);
+            } catch (const std::exception&) {
+                used = 0;
+            }
+            if (used == 0 || v[used] != '\0' || v[0] == '-' || n > 1'000'000'000UL)
+                throw error(std::string("sluice: ") + var + "='" + v + "' is not a number");
+            return static_cast<unsigned>(n);
+        };
+        launcher_rank out{number(rank_var, r), number(world_var, w), std::string(rank_var) + "/" + world_var};
+        if (out.world == 0 || out.rank >= out.world)
+            throw error(std::string("sluice: ") + rank_var + "=" + r + " is not below " + world_var + "=" + w);
+        return out;
+    }
+    return {};
+}
+
+/// How records are shared among ranks.
+enum class share {
+    /// Every rank takes floor(N / world) of the epoch's N records, a contiguous run of the
+    /// epoch's order; the fewer than `world` left over are not read this epoch (with a
+    /// seed, a different few each epoch). Shares are disjoint. Needs record counts when
+    /// world > 1.
+    drop,
+    /// Every rank takes ceil(N / world) records; the last ranks' shares run on into the
+    /// epoch's first records again, so a few records are read twice. Needs record counts
+    /// when world > 1.
+    pad,
+    /// Whole shards, round robin in the epoch's order; needs no record counts, but ranks
+    /// take different numbers of records when shards differ: only for ranks that do not
+    /// step together (preprocessing, evaluation that does not synchronise).
+    by_shard,
+};
 
 struct plan_options {
     /// How many passes over the data.
@@ -20,17 +160,62 @@ struct plan_options {
     /// With a seed, each epoch's shard order is a permutation that depends only on
     /// (seed, epoch): the same on every rank and every run. Without one, listed order.
     std::optional<std::uint64_t> seed = std::nullopt;
-    /// This process's share: shards at positions p with p % world == rank in each epoch's
-    /// order. Shares are disjoint and cover every shard; when the shard count is not a
-    /// multiple of world, the first ranks get one shard more.
-    unsigned rank = 0;
-    unsigned world = 1;
+    /// This process's rank and the world size. Unset: from the launcher's environment
+    /// (rank_from_env(): torchrun, mpirun, srun), else 0 of 1. Set both to 0 and 1 for a
+    /// rank that must read everything.
+    std::optional<unsigned> rank = std::nullopt;
+    std::optional<unsigned> world = std::nullopt;
+    /// How records are shared among ranks (see share); equal shares by default.
+    sluice::share share = share::drop;
+    /// Records per shard (read_record_counts, count_records). Needed for equal shares
+    /// with world > 1; with them a resumed pipeline reads only what it still needs, and
+    /// decoders check every shard holds the records it should.
+    std::shared_ptr<const record_counts> counts = nullptr;
 };
 
 namespace detail {
-/// The shards one rank reads in one epoch, in order.
-inline std::vector<shard> plan_epoch(const std::vector<std::string>& urls, const plan_options& o,
-                                     std::uint32_t epoch) {
+
+struct plan_split {
+    unsigned rank = 0, world = 1;
+    std::string from;
+};
+
+inline plan_split resolve_rank(const plan_options& o) {
+    if (o.rank.has_value() != o.world.has_value())
+        throw error("sluice: plan: set both rank and world, or neither (to take them from the launcher)");
+    if (o.rank) return {*o.rank, *o.world, "options"};
+    auto env = rank_from_env();
+    return {env.rank, env.world, env.from.empty() ? "default" : env.from};
+}
+
+/// Each listed URL's record count (or nothing without counts).
+inline std::vector<std::uint64_t> counts_for(const std::vector<std::string>& urls, const record_counts& c) {
+    std::map<std::string, std::uint64_t> by_name;
+    std::map<std::string, int> seen;
+    std::vector<std::uint64_t> out;
+    out.reserve(urls.size());
+    for (auto& u : urls) {
+        if (auto it = c.find(u); it != c.end()) {
+            out.push_back(it->second);
+            continue;
+        }
+        const std::string name = u.substr(u.find_last_of('/') + 1);
+        auto it = c.find(name);
+        if (it == c.end())
+            throw source_error(u, "no record count for", std::make_error_code(std::errc::invalid_argument));
+        if (++seen[name] > 1)
+            throw source_error(u, "the record count for '" + name + "' matches more than one listed shard, such as",
+                               std::make_error_code(std::errc::invalid_argument));
+        out.push_back(it->second);
+    }
+    return out;
+}
+
+/// The shards one rank reads in one epoch, in order, each with the records it takes.
+/// `records` gets how many records the rank takes this epoch, when counts are known.
+inline std::vector<shard> plan_epoch(const std::vector<std::string>& urls, const std::vector<std::uint64_t>* counts,
+                                     const plan_options& o, const plan_split& sp, std::uint32_t epoch,
+                                     std::optional<std::uint64_t>* records = nullptr) {
     std::vector<std::size_t> order(urls.size());
     for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
     if (o.seed) {
@@ -39,29 +224,145 @@ inline std::vector<shard> plan_epoch(const std::vector<std::string>& urls, const
     }
     std::vector<shard> out;
     std::uint64_t index = 0;
-    for (std::size_t p = o.rank; p < order.size(); p += o.world)
-        out.push_back(shard{urls[order[p]], epoch, index++});
+    auto known = [&](std::size_t i) { return counts ? (*counts)[i] : shard::all; };
+    if (!counts || o.share == share::by_shard || sp.world == 1) {
+        std::uint64_t total = 0;
+        for (std::size_t p = sp.rank; p < order.size(); p += sp.world) {
+            shard s{urls[order[p]], epoch, index++};
+            s.records = known(order[p]);
+            total += counts ? s.records : 0;
+            out.push_back(std::move(s));
+        }
+        if (records) *records = counts ? std::optional<std::uint64_t>(total) : std::nullopt;
+        return out;
+    }
+    // Records split evenly: the epoch's records in order, positions [0, n); this rank takes
+    // positions [lo, lo + q), wrapping round to the start under share::pad.
+    std::vector<std::uint64_t> start(order.size() + 1, 0);
+    for (std::size_t p = 0; p < order.size(); ++p) start[p + 1] = start[p] + (*counts)[order[p]];
+    const std::uint64_t n = start.back();
+    const std::uint64_t q = o.share == share::pad ? (n + sp.world - 1) / sp.world : n / sp.world;
+    if (records) *records = q;
+    std::uint64_t pos = std::uint64_t{sp.rank} * q;
+    std::uint64_t left = q;
+    while (left > 0 && n > 0) {
+        const std::uint64_t at = pos % n;
+        // The shard holding position `at`: the last p with start[p] <= at and records.
+        auto p = static_cast<std::size_t>(std::upper_bound(start.begin(), start.end(), at) - start.begin()) - 1;
+        const std::uint64_t first = at - start[p];
+        const std::uint64_t take = std::min(left, start[p + 1] - at);
+        shard s{urls[order[p]], epoch, index++};
+        s.first = first;
+        s.end = first + take;
+        s.records = (*counts)[order[p]];
+        out.push_back(std::move(s));
+        pos += take;
+        left -= take;
+    }
     return out;
 }
+
+/// On resume with a replay plan: of `plan` (one epoch), only the records at the
+/// requested positions (counted in the rank's order of that epoch).
+inline std::vector<shard> replay_part(const std::vector<shard>& plan, const run_state::replay& want) {
+    std::vector<shard> out;
+    std::uint64_t base = 0;  // position of the shard's first taken record
+    auto k = want.keep.begin();
+    for (auto& s : plan) {
+        const std::uint64_t n = std::min(s.end, s.records) - s.first;
+        const std::uint64_t lo = base, hi = base + n;
+        base = hi;
+        std::vector<std::uint64_t> extra;
+        while (k != want.keep.end() && *k < hi) {
+            if (*k >= lo) extra.push_back(s.first + (*k - lo));
+            ++k;
+        }
+        const std::uint64_t from = std::max(want.from, lo);
+        if (extra.empty() && from >= hi) continue;  // nothing of this shard is needed again
+        shard t = s;
+        t.first = from < hi ? s.first + (from - lo) : s.end;
+        if (!extra.empty()) t.extra = std::make_shared<const std::vector<std::uint64_t>>(std::move(extra));
+        out.push_back(std::move(t));
+    }
+    return out;
+}
+
+inline std::uint64_t fnv1a(std::uint64_t h, std::string_view s) {
+    for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
+    return (h ^ 0xff) * 0x100000001b3ULL;
+}
+
 }  // namespace detail
 
-/// Takes: paths or URLs (from list). Gives: shards ({url, epoch, index}) for this rank,
-/// epoch after epoch.
+/// Takes: paths or URLs (from list). Gives: shards ({url, epoch, index} and, with
+/// record counts, which of their records this rank takes) for this rank, epoch after
+/// epoch.
+/// Ranks: every rank takes an equal share of each epoch (see share), so every rank steps
+/// the same number of times; shares are disjoint and cover the data (share::drop leaves
+/// out fewer than `world` records an epoch).
+/// Resume: see core/state.hpp; with counts, a resumed plan lists only what is needed again.
 /// Backpressure: suspends while downstream is full; holds the list of URLs (not data).
-/// Errors: rank >= world is a sluice::error at the start; upstream errors pass through.
+/// Errors: rank >= world, a launcher variable that is not a number, world > 1 without
+/// counts (unless share::by_shard), a shard without a count: a sluice::error at the start;
+/// upstream errors pass through.
 /// Cancellation: stops at the next send.
-/// Example: `sluice::list(...) | sluice::plan({.epochs = 90, .seed = 17, .rank = 3, .world = 8})`
+/// Example: `sluice::list(...) | sluice::plan({.epochs = 90, .seed = 17, .counts = counts})`
 inline stage<std::string, shard> plan(plan_options o = {}) {
+    struct plan_state {
+        detail::plan_split split;
+        bool serve = false;
+    };
+    auto setup = [o](stage_setup& s) {
+        auto st = std::make_shared<plan_state>();
+        st->split = detail::resolve_rank(o);
+        const auto& sp = st->split;
+        if (sp.world == 0 || sp.rank >= sp.world)
+            throw error("sluice: plan: rank " + std::to_string(sp.rank) + " is not below world size " +
+                        std::to_string(sp.world));
+        if (sp.world > 1 && !o.counts && o.share != share::by_shard)
+            throw error("sluice: plan: rank " + std::to_string(sp.rank) + " of " + std::to_string(sp.world) + " (" +
+                        sp.from + ") needs record counts to give every rank the same number of records: pass "
+                        ".counts (sluice::read_record_counts, sluice::count_records; sluice-probe --counts), or "
+                        ".share = sluice::share::by_shard for ranks that need not step together");
+        s.run.note("plan", std::string("seed=") + (o.seed ? std::to_string(*o.seed) : "none") +
+                               " rank=" + std::to_string(sp.rank) + " world=" + std::to_string(sp.world) +
+                               " share=" + std::to_string(int(o.share)) + " counts=" + (o.counts ? "yes" : "no"));
+        if (s.run.resume() && o.counts && s.run.requested()) {
+            st->serve = true;
+            s.run.serve();
+        }
+        s.state = st;
+    };
     return make_stage<std::string, shard>(
-        "plan", {.on = pool::io, .buffer = {256, 0}},
+        "plan", {.on = pool::io, .buffer = {256, 0}}, setup,
         [o](stage_context<std::string, shard>& ctx) -> task<void> {
-            if (o.world == 0 || o.rank >= o.world)
-                throw error("sluice: plan: rank " + std::to_string(o.rank) + " is not below world size " +
-                            std::to_string(o.world));
+            auto* st = static_cast<plan_state*>(ctx.state.get());
             std::vector<std::string> urls;
             while (auto u = co_await ctx.in.next()) urls.push_back(std::move(*u));
-            for (std::uint32_t e = 0; e < o.epochs; ++e)
-                for (auto& s : detail::plan_epoch(urls, o, e)) co_await ctx.out.send(std::move(s));
+            std::vector<std::uint64_t> counts;
+            if (o.counts) counts = detail::counts_for(urls, *o.counts);
+            // The data must be the same on resume: the listing, and the counts.
+            std::uint64_t h = 0xcbf29ce484222325ULL;
+            for (std::size_t i = 0; i < urls.size(); ++i) {
+                h = detail::fnv1a(h, urls[i]);
+                if (o.counts) h = detail::fnv1a(h, std::to_string(counts[i]));
+            }
+            char hex[17];
+            std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+            ctx.run->note("data", std::to_string(urls.size()) + " shards " + hex);
+            std::uint32_t e = 0;
+            std::optional<run_state::replay> replay;
+            if (auto at = ctx.run->resume()) {
+                e = at->epoch;
+                if (st->serve) replay = ctx.run->requested();
+            }
+            for (; e < o.epochs; ++e) {
+                std::optional<std::uint64_t> records;
+                auto shards = detail::plan_epoch(urls, o.counts ? &counts : nullptr, o, st->split, e, &records);
+                if (records) ctx.run->set_epoch_records(e, *records);
+                if (replay && replay->epoch == e) shards = detail::replay_part(shards, *replay);
+                for (auto& s : shards) co_await ctx.out.send(std::move(s));
+            }
         });
 }
 template <class A>

@@ -3,9 +3,13 @@
 
 #include <sluice/core/channel.hpp>
 #include <sluice/core/detail/random.hpp>
+#include <sluice/core/record.hpp>
 #include <sluice/core/stage.hpp>
+#include <sluice/core/state.hpp>
 
+#include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace sluice {
@@ -27,13 +31,102 @@ void compact_if_possible(T& v, buffer_source* from) {
     else if constexpr (requires { v.compact(); }) v.compact();
 }
 
+inline rng shuffle_rng(const shuffle_options& o, std::uint32_t epoch) {
+    return rng(mix(mix(o.seed, 0x5368756666ULL), epoch));
+}
+
+/// What the shuffle held when the trainer had taken `position` items of `epoch`, worked
+/// out by running its choices again on positions alone (they depend on nothing else
+/// without max_bytes). `slots` are the held items' positions in the buffer's order;
+/// items from `next_in` on had not arrived; `drained`: the epoch's input had ended and
+/// `slots` are the rest of the final drain, in sending order.
+struct shuffle_resume {
+    std::uint32_t epoch = 0;
+    rng r{0};
+    std::vector<std::uint64_t> slots;
+    std::uint64_t next_in = 0;
+    bool drained = false;
+};
+
+/// `total`: the epoch's item count, needed only when the position lies in the final
+/// drain; nullopt when it does and the count is unknown.
+inline std::optional<shuffle_resume> replay_shuffle(const shuffle_options& o, stream_point at,
+                                                    std::optional<std::uint64_t> total) {
+    shuffle_resume st;
+    st.epoch = at.epoch;
+    st.r = shuffle_rng(o, at.epoch);
+    std::uint64_t sent = 0;
+    auto& held = st.slots;
+    while (sent < at.position) {
+        if (total && st.next_in == *total) {  // the drain: a shuffle of what is held, sent in order
+            shuffle(held, st.r);
+            const std::uint64_t more = at.position - sent;
+            if (more > held.size()) return std::nullopt;  // the saved position is past the epoch's end
+            held.erase(held.begin(), held.begin() + static_cast<std::ptrdiff_t>(more));
+            st.drained = true;
+            return st;
+        }
+        held.push_back(st.next_in++);
+        if (held.size() > o.buffer) {
+            std::swap(held[st.r.below(held.size())], held.back());
+            held.pop_back();
+            ++sent;
+        }
+        if (!total && st.next_in > at.position + o.buffer + 1) return std::nullopt;
+    }
+    return st;
+}
+
 template <class T>
 task<void> shuffle_worker(stage_context<T, T>& ctx, shuffle_options o) {
-    rng r(mix(o.seed, 0x5368756666ULL));
     std::vector<T> held;
     held.reserve(std::min<std::size_t>(o.buffer + 1, 1 << 16));
     std::size_t held_bytes = 0;
+    std::optional<std::uint32_t> epoch;
+    rng r(0);
+    auto drain = [&]() -> task<void> {
+        shuffle(held, r);
+        for (auto& v : held) co_await ctx.out.send(std::move(v));
+        held.clear();
+        held_bytes = 0;
+    };
+    // Resuming with a replay plan: the first items to arrive are the held ones, in order
+    // of position; put each back in its slot, then go on as before the cut.
+    if (auto* st = static_cast<shuffle_resume*>(ctx.state.get()); st && ctx.run && ctx.run->served()) {
+        epoch = st->epoch;
+        r = st->r;
+        std::vector<std::size_t> slot_of(st->slots.size());  // k-th by position -> slot
+        for (std::size_t i = 0; i < slot_of.size(); ++i) slot_of[i] = i;
+        std::sort(slot_of.begin(), slot_of.end(), [&](std::size_t a, std::size_t b) { return st->slots[a] < st->slots[b]; });
+        std::vector<std::optional<T>> refill(st->slots.size());
+        for (std::size_t k = 0; k < refill.size(); ++k) {
+            auto item = co_await ctx.in.next();
+            if (!item || epoch_of(*item).value_or(st->epoch) != st->epoch)
+                throw error("sluice: shuffle: resuming, the records read again are not the ones the saved state "
+                            "held (the data or its record counts changed since the state was saved)");
+            compact_if_possible(*item, ctx.rt.buffers().get());
+            refill[slot_of[k]] = std::move(item);
+        }
+        for (auto& v : refill) {
+            held_bytes += byte_size_of(*v);
+            held.push_back(std::move(*v));
+        }
+        if (st->drained) {  // already shuffled: send the rest of the drain as it stands
+            for (auto& v : held) co_await ctx.out.send(std::move(v));
+            held.clear();
+            held_bytes = 0;
+        }
+        ctx.state.reset();
+    }
     while (auto item = co_await ctx.in.next()) {
+        // Each epoch is shuffled on its own, from a seed of (seed, epoch): its order does
+        // not depend on the epochs before it, and a batch never waits on the next epoch.
+        const std::uint32_t e = epoch_of(*item).value_or(0);
+        if (epoch != e) {
+            if (epoch) co_await drain();
+            epoch = e;
+            r = shuffle_rng(o, e);
+        }
         // A small record must not pin the large chunk it was sliced from while it waits
         // here, possibly for a long time: copy it out (see bytes::compact).
         compact_if_possible(*item, ctx.rt.buffers().get());
@@ -47,15 +140,36 @@ task<void> shuffle_worker(stage_context<T, T>& ctx, shuffle_options o) {
             co_await ctx.out.send(std::move(v));
         }
     }
-    shuffle(held, r);
-    for (auto& v : held) co_await ctx.out.send(std::move(v));
+    co_await drain();
+}
+
+/// Works out, on resume, what the shuffle held and asks the stages above for it (see
+/// core/state.hpp); with max_bytes, or without the epoch's record count when the cut lies
+/// in the final drain, it cannot, and the epoch is read again from its start.
+inline void shuffle_setup(const shuffle_options& o, stage_setup& s) {
+    s.run.note("shuffle", "buffer=" + std::to_string(o.buffer) + " max_bytes=" + std::to_string(o.max_bytes) +
+                              " seed=" + std::to_string(o.seed));
+    auto at = s.run.resume();
+    if (!at) return;
+    std::optional<shuffle_resume> st;
+    if (o.max_bytes == 0) st = replay_shuffle(o, *at, s.run.epoch_records(at->epoch));
+    if (!st) {
+        s.run.request_full_replay();
+        return;
+    }
+    run_state::replay want{at->epoch, st->slots, st->next_in};
+    std::sort(want.keep.begin(), want.keep.end());
+    s.run.request(std::move(want));
+    s.state = std::make_shared<shuffle_resume>(std::move(*st));
 }
 }  // namespace detail
 
 /// Takes: items of any type T. Gives: the same items in a seeded random order: each
 /// incoming item joins a buffer of `buffer` items and a random one of them leaves; at the
-/// end the rest leave in random order. The order is a pure function of the input order and
-/// the seed.
+/// end of each epoch (items that know their shard: records, samples) the rest leave in
+/// random order. The order is a pure function of the input order, the seed and the epoch.
+/// Resumable (core/state.hpp): on resume it works out what it held from the saved
+/// position and has only that read again.
 /// Backpressure: holds at most `buffer` items (and at most `max_bytes` bytes when set) plus
 /// its output channel; records are compacted (copied out of their chunk when they would
 /// pin a much larger buffer), so held memory is the records' own size.
@@ -64,8 +178,9 @@ task<void> shuffle_worker(stage_context<T, T>& ctx, shuffle_options o) {
 /// Example: `| sluice::shuffle({.buffer = 10'000, .seed = 17})`
 inline auto shuffle(shuffle_options o = {}) {
     auto make = [o]<class T>() {
-        return make_stage<T, T>("shuffle", {.on = pool::cpu, .buffer = o.out},
-                                [o](stage_context<T, T>& ctx) { return detail::shuffle_worker<T>(ctx, o); });
+        return make_stage<T, T>(
+            "shuffle", {.on = pool::cpu, .buffer = o.out}, [o](stage_setup& s) { detail::shuffle_setup(o, s); },
+            [o](stage_context<T, T>& ctx) { return detail::shuffle_worker<T>(ctx, o); });
     };
     return detail::deferred<decltype(make)>{make};
 }

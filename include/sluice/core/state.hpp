@@ -1,0 +1,173 @@
+#pragma once
+// Where a pipeline stands in its sequence, and how a new pipeline resumes from there.
+//
+// The sequence of a deterministic pipeline (every stage ordered, a seed) is a pure
+// function of the data and (seed, epoch, rank, world). So its state after any batch is
+// small: the epoch, how many records of it the trainer has taken (the position), and the
+// settings that define the sequence, which a resumed pipeline must share. The batch stage
+// stamps every batch with its (epoch, position); pipeline::state() writes the last one the
+// trainer took as a few lines of text; pipeline_options::resume reads it back.
+//
+// Resuming rebuilds what the stages held (a shuffle buffer) by rereading, not by saving
+// it: the shuffle works out from the saved position which records it had already sent
+// and which it still held, plan turns that into the shards and records to read again
+// (record counts say where each position lives), and decoders drop the rest. Without
+// record counts the epoch is read again from its start and the batch stage drops the
+// records already delivered: exact, but slower (see README, "Resuming").
+
+#include <sluice/core/error.hpp>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace sluice {
+
+/// A point in the sequence: after `position` records of `epoch`.
+struct stream_point {
+    std::uint32_t epoch = 0;
+    std::uint64_t position = 0;
+};
+
+/// Shared by the stages of one pipeline run (stage_setup::run, stage_context::run).
+class run_state {
+public:
+    /// What the shuffle (or, without one, the batch stage) asks of the stages above it on
+    /// resume: the records of `epoch`, counted at its input, that it needs again: those at
+    /// positions listed in `keep` (sorted, below `from`) and every one from `from` on.
+    struct replay {
+        std::uint32_t epoch = 0;
+        std::vector<std::uint64_t> keep;
+        std::uint64_t from = 0;
+    };
+
+    run_state() = default;
+    /// From a blob written by pipeline::state(); throws sluice::error on a malformed one.
+    explicit run_state(const std::string& blob) { parse(blob); }
+
+    /// The point to resume from, when this run resumes.
+    const std::optional<stream_point>& resume() const noexcept { return resume_; }
+
+    /// A setting that defines the sequence (`key` is the stage, `value` its settings as
+    /// text). On resume it must equal what the saved state recorded: a different seed or
+    /// world size would give a different sequence, so that is an error naming both.
+    void note(const std::string& key, const std::string& value) {
+        std::lock_guard lock(m_);
+        if (resume_) {
+            auto it = saved_notes_.find(key);
+            if (it != saved_notes_.end() && it->second != value)
+                throw error("sluice: cannot resume: the saved state was made with " + key + " " + it->second +
+                            ", this pipeline has " + key + " " + value);
+        }
+        notes_[key] = value;
+    }
+
+    /// Records this rank takes in `epoch`, when known (plan, with record counts).
+    void set_epoch_records(std::uint32_t epoch, std::uint64_t n) {
+        std::lock_guard lock(m_);
+        epoch_records_[epoch] = n;
+        if (epoch_records_.size() > 4) epoch_records_.erase(epoch_records_.begin());
+    }
+    std::optional<std::uint64_t> epoch_records(std::uint32_t epoch) const {
+        std::lock_guard lock(m_);
+        if (auto it = epoch_records_.find(epoch); it != epoch_records_.end()) return it->second;
+        if (resume_ && saved_records_ && resume_->epoch == epoch) return saved_records_;
+        return std::nullopt;
+    }
+
+    /// Set at setup by the stage nearest the consumer that knows the order (see replay).
+    void request(replay r) {
+        std::lock_guard lock(m_);
+        request_ = std::move(r);
+    }
+    /// No stage above may skip records (the shuffle cannot work out what it held): the
+    /// epoch is read again from its start.
+    void request_full_replay() {
+        std::lock_guard lock(m_);
+        request_.reset();
+        full_replay_ = true;
+    }
+    std::optional<replay> requested() const {
+        std::lock_guard lock(m_);
+        if (full_replay_) return std::nullopt;
+        return request_;
+    }
+    /// Plan (at setup) takes the request on: it will read only the records asked for.
+    void serve() {
+        std::lock_guard lock(m_);
+        served_ = true;
+    }
+    bool served() const {
+        std::lock_guard lock(m_);
+        return served_;
+    }
+
+    /// The blob for a pipeline that has delivered up to `at`.
+    std::string serialize(stream_point at) const {
+        std::lock_guard lock(m_);
+        std::ostringstream o;
+        o << "sluice-state 1\n";
+        o << "epoch " << at.epoch << "\n";
+        o << "position " << at.position << "\n";
+        if (auto it = epoch_records_.find(at.epoch); it != epoch_records_.end())
+            o << "epoch_records " << it->second << "\n";
+        else if (resume_ && saved_records_ && resume_->epoch == at.epoch)
+            o << "epoch_records " << *saved_records_ << "\n";
+        for (auto& [k, v] : notes_) o << "note " << k << " " << v << "\n";
+        return o.str();
+    }
+
+private:
+    void parse(const std::string& blob) {
+        std::istringstream in(blob);
+        std::string line;
+        if (!std::getline(in, line) || line != "sluice-state 1")
+            throw error("sluice: cannot resume: not a sluice state (it should start with 'sluice-state 1')");
+        stream_point p;
+        bool have_epoch = false, have_position = false;
+        while (std::getline(in, line)) {
+            if (line.empty()) continue;
+            const auto sp = line.find(' ');
+            const std::string key = line.substr(0, sp);
+            const std::string rest = sp == std::string::npos ? "" : line.substr(sp + 1);
+            auto number = [&]() -> std::uint64_t {
+                std::size_t used = 0;
+                std::uint64_t v = 0;
+                try {
+                    v = std::stoull(rest, &used);
+                } catch (const std::exception&) {
+                    used = 0;
+                }
+                if (used == 0 || used != rest.size() || rest.starts_with('-'))
+                    throw error("sluice: cannot resume: bad number in the state's line '" + line + "'");
+                return v;
+            };
+            if (key == "epoch") p.epoch = static_cast<std::uint32_t>(number()), have_epoch = true;
+            else if (key == "position") p.position = number(), have_position = true;
+            else if (key == "epoch_records") saved_records_ = number();
+            else if (key == "note") {
+                const auto sp2 = rest.find(' ');
+                saved_notes_[rest.substr(0, sp2)] = sp2 == std::string::npos ? "" : rest.substr(sp2 + 1);
+            } else
+                throw error("sluice: cannot resume: unknown line in the state: '" + line + "'");
+        }
+        if (!have_epoch || !have_position) throw error("sluice: cannot resume: the state has no epoch or position");
+        resume_ = p;
+    }
+
+    mutable std::mutex m_;
+    std::optional<stream_point> resume_;
+    std::optional<std::uint64_t> saved_records_;
+    std::map<std::string, std::string> saved_notes_;
+    std::map<std::string, std::string> notes_;
+    std::map<std::uint32_t, std::uint64_t> epoch_records_;
+    std::optional<replay> request_;
+    bool full_replay_ = false;
+    bool served_ = false;
+};
+
+}  // namespace sluice
