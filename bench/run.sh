@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs each benchmark beside its peer, on the same data in the same run, and prints the
 # figures and ratios (one JSON object per line on stdout, a summary on stderr).
-#   bench/run.sh [channel|crc32c|local|formats|http|s3|memory|device]...     (default: all)
+#   bench/run.sh [channel|crc32c|local|formats|http|s3|memory|device|cache]...     (default: all)
 # Data goes to build-release/bench-data (made once: 2.1 GiB of lines; for formats also
 # 2.1 GiB each of tar and TFRecord and a gzip'd copy of the TFRecord set).
 set -euo pipefail
@@ -15,7 +15,7 @@ field() { grep -o "\"$1\":[^,}]*" | head -1 | cut -d: -f2 | tr -d '"'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
 now() { date +%s.%N; }
 what=("$@")
-[ ${#what[@]} -eq 0 ] && what=(channel crc32c local formats http s3 memory device)
+[ ${#what[@]} -eq 0 ] && what=(channel crc32c local formats http s3 memory device cache)
 
 data=$build/bench-data
 make_data() {
@@ -318,5 +318,38 @@ for w in "${what[@]}"; do
     done
     ;;
   *) echo "unknown benchmark $w (channel, crc32c, local, formats, http, s3, memory, device)" >&2; exit 2 ;;
+  cache)
+    # Epoch 1 through the fault server with a 50 ms first byte (object-store latency),
+    # written to the cache as it streams; epoch 2 from the cache (every object a hit, no
+    # request); the peer for epoch 2 is `cat` of the cached files. All as transfers
+    # (--format chunks). Goals: epoch 2 >= 0.8 x cat; the speed-up over epoch 1.
+    src=$data/cache-src
+    if [ ! -f "$src/objects.json" ]; then
+      "$build/examples/sluice-gen" "$src" --files 64 --records 80 --record-size 102400 --seed 6 > "$src/objects.json.tmp"
+      mv "$src/objects.json.tmp" "$src/objects.json"
+    fi
+    bytes=$(cat "$src"/shard-*.txt | wc -c)
+    work=$(mktemp -d)
+    python3 tests/support/fault_server.py "$src" --ttfb-ms 50 > "$work/fault.out" 2>&1 & fault_pid=$!
+    trap 'kill $fault_pid 2>/dev/null; wait $fault_pid 2>/dev/null; rm -rf "$work"' EXIT
+    for i in $(seq 100); do grep -q port "$work/fault.out" && break; sleep 0.1; done
+    url="http://127.0.0.1:$(cut -d' ' -f2 < "$work/fault.out")/shard-{000000..000063}.txt"
+    gbs() { awk -v b="$bytes" -v s="$1" 'BEGIN { printf "%.3f", b / s / 1e9 }'; }
+    t0=$(now); "$probe" --format chunks --json --quiet --in-flight 16 --cache "$work/c" "$url" > "$work/e1.json"; t1=$(now)
+    [ "$(field cache_misses < "$work/e1.json")" = 64 ] || { echo "cache: epoch 1 should miss 64 times" >&2; cat "$work/e1.json" >&2; exit 1; }
+    e1=$(gbs "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")
+    best2=0
+    for i in 1 2 3; do
+      t0=$(now); "$probe" --format chunks --json --quiet --in-flight 16 --cache "$work/c" "$url" > "$work/e2.json"; t1=$(now)
+      [ "$(field cache_hits < "$work/e2.json")" = 64 ] && [ "$(field requests < "$work/e2.json")" = 0 ] ||
+        { echo "cache: epoch 2 should hit 64 times and send no request" >&2; cat "$work/e2.json" >&2; exit 1; }
+      g=$(gbs "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")
+      best2=$(awk -v x="$g" -v y="$best2" 'BEGIN { print (x > y) ? x : y }')
+    done
+    cat_gbs=$(best_of_3 sh -c "cat '$work/c'/[!.]* > /dev/null")
+    echo "{\"bench\":\"cache_epochs\",\"bytes\":$bytes,\"objects\":64,\"epoch1_fault_server_gb_per_s\":$e1,\"epoch2_cache_gb_per_s\":$best2,\"cat_gb_per_s\":$cat_gbs,\"speedup\":$(ratio "$best2" "$e1"),\"ratio_to_cat\":$(ratio "$best2" "$cat_gbs")}"
+    echo "cache, 64 x 8 MiB: epoch 1 (fault server, 50 ms first byte, 16 in flight) $e1 GB/s; epoch 2 (cache) $best2 GB/s = $(ratio "$best2" "$e1") x; cat of the cached files $cat_gbs GB/s, ratio $(ratio "$best2" "$cat_gbs") (goal >= 0.8)" >&2
+    kill $fault_pid 2>/dev/null; wait $fault_pid 2>/dev/null; rm -rf "$work"; trap - EXIT
+    ;;
   esac
 done

@@ -193,28 +193,5 @@ private:
     std::unique_ptr<child> proc_;
 };
 
-/// Sets environment variables for a scope, restoring what was there.
-class scoped_env {
-public:
-    scoped_env(std::vector<std::pair<std::string, std::optional<std::string>>> vars) {
-        for (auto& [k, v] : vars) {
-            const char* old = std::getenv(k.c_str());
-            saved_.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
-            if (v) ::setenv(k.c_str(), v->c_str(), 1);
-            else ::unsetenv(k.c_str());
-        }
-    }
-    ~scoped_env() {
-        for (auto& [k, v] : saved_) {
-            if (v) ::setenv(k.c_str(), v->c_str(), 1);
-            else ::unsetenv(k.c_str());
-        }
-    }
-    scoped_env(const scoped_env&) = delete;
-    scoped_env& operator=(const scoped_env&) = delete;
-
-private:
-    std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
-};
 
 }  // namespace sluice_test

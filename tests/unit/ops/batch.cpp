@@ -83,3 +83,22 @@ TEST_CASE("batches collated on several workers come out in order", "[batch]") {
     REQUIRE(one.size() == 143);  // 1000 / 7, the last one partial
     REQUIRE(run(3) == one);
 }
+
+TEST_CASE("batches never mix epochs and carry where they end in the sequence", "[batch]") {
+    std::vector<sluice::record> rs;
+    for (std::uint32_t e = 0; e < 2; ++e) {
+        auto s = std::make_shared<const sluice::shard>(sluice::shard{"f", e, 0});
+        for (int i = 0; i < 10; ++i) rs.push_back({sluice::bytes::copy_of("x"), s, std::uint64_t(i), 0});
+    }
+    for (bool drop : {false, true}) {
+        std::vector<std::pair<std::uint32_t, std::uint64_t>> got;
+        for (auto& b : sluice::pipeline(sluice::from(rs) | sluice::batch({.size = 4, .drop_last = drop}))) {
+            for (auto& src : b.sources) REQUIRE(src->epoch == b.epoch);
+            got.emplace_back(b.epoch, b.position);
+        }
+        if (drop) REQUIRE(got == std::vector<std::pair<std::uint32_t, std::uint64_t>>{{0, 4}, {0, 8}, {1, 4}, {1, 8}});
+        else
+            REQUIRE(got == std::vector<std::pair<std::uint32_t, std::uint64_t>>{
+                               {0, 4}, {0, 8}, {0, 10}, {1, 4}, {1, 8}, {1, 10}});
+    }
+}

@@ -5,6 +5,7 @@
 #include <sluice/core/pipeline.hpp>
 #include <sluice/ops/from.hpp>
 
+#include <map>
 #include <set>
 
 namespace {
@@ -50,10 +51,10 @@ TEST_CASE("a seed shuffles each epoch differently, reproducibly", "[plan]") {
     REQUIRE(sorted == all);  // a permutation: nothing lost or repeated
 }
 
-TEST_CASE("rank shares are disjoint and cover every shard", "[plan]") {
+TEST_CASE("by_shard: rank shares are whole shards, disjoint, covering every shard", "[plan]") {
     std::multiset<std::string> seen;
     for (unsigned r = 0; r < 4; ++r) {
-        auto share = run_plan(10, {.seed = 5, .rank = r, .world = 4});
+        auto share = run_plan(10, {.seed = 5, .rank = r, .world = 4, .share = sluice::share::by_shard});
         REQUIRE(share.size() == (r < 2 ? 3u : 2u));
         for (auto& s : share) seen.insert(s.url);
     }
@@ -64,4 +65,130 @@ TEST_CASE("rank shares are disjoint and cover every shard", "[plan]") {
 TEST_CASE("a rank outside the world is a clear error", "[plan]") {
     sluice::pipeline p(sluice::from(urls(2)) | sluice::plan({.rank = 4, .world = 4}));
     REQUIRE_THROWS_WITH(p.next_blocking(), Catch::Contains("rank 4 is not below world size 4"));
+}
+
+namespace {
+// Shards s0..s(n-1) holding (37 i + 5) mod 19 records: 5, 4, 3, 2, 1, 0, 18, ... (different sizes, some empty).
+std::shared_ptr<sluice::record_counts> uneven_counts(int n) {
+    auto c = std::make_shared<sluice::record_counts>();
+    for (int i = 0; i < n; ++i) (*c)["s" + std::to_string(i)] = (i * 37 + 5) % 19;
+    return c;
+}
+// Every (shard, record) a plan's shards take.
+std::vector<std::pair<std::string, std::uint64_t>> taken(const std::vector<sluice::shard>& shards) {
+    std::vector<std::pair<std::string, std::uint64_t>> out;
+    for (auto& s : shards)
+        for (std::uint64_t i = 0; i < s.records; ++i)
+            if (s.takes(i)) out.emplace_back(s.url, i);
+    return out;
+}
+}  // namespace
+
+TEST_CASE("with record counts, ranks take equal, disjoint shares of records that cover the data", "[plan]") {
+    auto counts = uneven_counts(13);
+    std::uint64_t total = 0;
+    for (auto& [k, v] : *counts) total += v;
+    for (unsigned world : {1u, 2u, 3u, 4u, 7u}) {
+        for (auto share : {sluice::share::drop, sluice::share::pad}) {
+            INFO("world " << world << " share " << int(share));
+            std::map<std::pair<std::string, std::uint64_t>, int> seen;
+            std::vector<std::size_t> sizes;
+            for (unsigned r = 0; r < world; ++r) {
+                auto got = taken(run_plan(13, {.seed = 8, .rank = r, .world = world, .share = share, .counts = counts}));
+                sizes.push_back(got.size());
+                for (auto& k : got) ++seen[k];
+            }
+            REQUIRE(std::set<std::size_t>(sizes.begin(), sizes.end()).size() == 1);  // equal shares
+            if (share == sluice::share::drop) {
+                REQUIRE(sizes[0] == total / world);
+                for (auto& [k, n] : seen) REQUIRE(n == 1);  // disjoint
+                REQUIRE(total - seen.size() < world);       // all but the remainder
+            } else {
+                REQUIRE(sizes[0] == (total + world - 1) / world);
+                REQUIRE(seen.size() == total);  // everything, a few twice
+                for (auto& [k, n] : seen) REQUIRE(n <= 2);
+            }
+        }
+    }
+}
+
+TEST_CASE("the records left out by drop differ from epoch to epoch with a seed", "[plan]") {
+    auto counts = uneven_counts(9);
+    std::set<std::vector<std::pair<std::string, std::uint64_t>>> shares;
+    std::vector<sluice::shard> all = run_plan(9, {.epochs = 4, .seed = 3, .rank = 0, .world = 4, .counts = counts});
+    for (std::uint32_t e = 0; e < 4; ++e) {
+        std::vector<sluice::shard> epoch;
+        for (auto& s : all)
+            if (s.epoch == e) epoch.push_back(s);
+        shares.insert(taken(epoch));
+    }
+    REQUIRE(shares.size() > 1);
+}
+
+TEST_CASE("world above 1 without record counts is refused unless by_shard is asked for", "[plan]") {
+    sluice::pipeline p(sluice::from(urls(4)) | sluice::plan({.rank = 1, .world = 2}));
+    REQUIRE_THROWS_WITH(p.next_blocking(), Catch::Contains("needs record counts") && Catch::Contains("by_shard"));
+    sluice::pipeline q(sluice::from(urls(4)) |
+                       sluice::plan({.rank = 0, .world = 2, .counts = std::make_shared<sluice::record_counts>()}));
+    REQUIRE_THROWS_WITH(q.next_blocking(), Catch::Contains("no record count for 's0'"));
+}
+
+TEST_CASE("rank and world come from torchrun, mpirun or srun variables, named when wrong", "[plan]") {
+    using sluice_test::scoped_env;
+    const std::vector<std::string> all{"RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                       "SLURM_PROCID", "SLURM_NTASKS"};
+    std::vector<std::pair<std::string, std::optional<std::string>>> none;
+    for (auto& v : all) none.emplace_back(v, std::nullopt);
+    scoped_env clear(none);
+    REQUIRE(sluice::rank_from_env().world == 1);
+    {
+        scoped_env e({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "8"}});
+        auto r = sluice::rank_from_env();
+        REQUIRE((r.rank == 3 && r.world == 8 && r.from == "SLURM_PROCID/SLURM_NTASKS"));
+        scoped_env t({{"RANK", "1"}, {"WORLD_SIZE", "2"}});  // torchrun's come first
+        REQUIRE(sluice::rank_from_env().rank == 1);
+    }
+    {
+        scoped_env e({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"}});
+        REQUIRE(sluice::rank_from_env().rank == 2);
+        // And plan uses them when rank and world are not set.
+        auto share = run_plan(8, {.share = sluice::share::by_shard});
+        REQUIRE(share.size() == 2);
+        REQUIRE(share[0].url == "s2");
+    }
+    {
+        scoped_env e({{"RANK", "x1"}, {"WORLD_SIZE", "2"}});
+        REQUIRE_THROWS_WITH(sluice::rank_from_env(), Catch::Contains("RANK='x1' is not a number"));
+    }
+    {
+        scoped_env e({{"RANK", "2"}, {"WORLD_SIZE", "2"}});
+        REQUIRE_THROWS_WITH(sluice::rank_from_env(), Catch::Contains("RANK=2 is not below WORLD_SIZE=2"));
+    }
+    {
+        scoped_env e({{"RANK", std::nullopt}, {"WORLD_SIZE", "2"}});
+        REQUIRE_THROWS_WITH(sluice::rank_from_env(), Catch::Contains("RANK is not set but WORLD_SIZE is"));
+    }
+}
+
+TEST_CASE("record counts files are read back as written, and bad lines named", "[plan]") {
+    sluice_test::temp_dir d;
+    sluice::record_counts c{{"a/shard-0.tar", 10}, {"https://h/b c.tar", 0}};
+    sluice::write_record_counts(d / "counts", c);
+    REQUIRE(*sluice::read_record_counts(d / "counts") == c);
+    d.write("bad", "# comment\n\n12 ok\nseven x\n");
+    REQUIRE_THROWS_WITH(sluice::read_record_counts(d / "bad"), Catch::Contains("line 4 is not 'COUNT NAME'") &&
+                                                                    Catch::Contains(d / "bad"));
+    REQUIRE_THROWS_WITH(sluice::read_record_counts(d / "missing"), Catch::Contains("cannot read the record counts"));
+}
+
+TEST_CASE("a replay takes only the positions asked for, across shard boundaries", "[plan]") {
+    auto counts = uneven_counts(6);  // 15 records in all
+    auto shards = run_plan(6, {.counts = counts});
+    std::vector<std::pair<std::string, std::uint64_t>> order = taken(shards);  // position -> record
+    sluice::run_state::replay want{0, {1, 4, 9}, 12};
+    auto part = sluice::detail::replay_part(shards, want);
+    auto got = taken(part);
+    std::vector<std::pair<std::string, std::uint64_t>> expected{order[1], order[4], order[9]};
+    for (std::size_t p = 12; p < order.size(); ++p) expected.push_back(order[p]);
+    REQUIRE(got == expected);
 }

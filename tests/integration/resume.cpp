@@ -1,0 +1,456 @@
+// Determinism, equal rank shares, exact resume and the local cache, driven through
+// sluice-probe against local files, nginx and the fault server, as a user runs them.
+#include "support/servers.hpp"
+#include "support/test_support.hpp"
+
+#include <sluice/core/detail/random.hpp>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+using sluice_test::json_u64;
+using sluice_test::run;
+using sluice_test::slurp_file;
+
+namespace {
+struct dataset {
+    sluice_test::temp_dir dir;
+    std::string summary;  // sluice-gen's JSON
+    std::string counts;   // its record counts file
+    explicit dataset(std::vector<std::string> args) {
+        counts = dir / "counts.txt";
+        std::vector<std::string> argv{SLUICE_GEN, dir / "data", "--counts", counts};
+        argv.insert(argv.end(), args.begin(), args.end());
+        auto r = run(argv);
+        INFO(r.err);
+        REQUIRE(r.status == 0);
+        summary = r.out;
+    }
+    std::string glob(const std::string& ext = "txt") const { return dir / ("data/shard-*." + ext); }
+    std::uint64_t files() const { return json_u64(summary, "files"); }
+    std::string pattern(const std::string& ext = "txt") const {  // a brace range naming every file
+        char last[16];
+        std::snprintf(last, sizeof last, "%06llu", static_cast<unsigned long long>(files() - 1));
+        return "shard-{000000.." + std::string(last) + "}." + ext;
+    }
+};
+
+sluice_test::run_result probe(std::vector<std::string> args) {
+    std::vector<std::string> argv{SLUICE_PROBE};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return run(argv);
+}
+
+std::vector<std::string> lines_of(const std::string& path) {
+    std::vector<std::string> out;
+    std::ifstream in(path);
+    for (std::string l; std::getline(in, l);) out.push_back(l);
+    return out;
+}
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+}
+}  // namespace
+
+TEST_CASE("deterministic mode gives the same sequence whatever the threads, files in flight and chunk size", "[determinism]") {
+    dataset d({"--files", "9", "--records", "400", "--record-size", "40", "--vary", "--uneven", "--seed", "4"});
+    sluice_test::temp_dir out;
+    const std::vector<std::string> base{"--quiet", "--json", "--deterministic", "--seed", "11", "--shuffle", "300",
+                                        "--epochs", "2", "--batch", "10", d.glob()};
+    std::vector<std::vector<std::string>> configs{
+        {"--threads", "1"},
+        {"--threads", "4", "--files-in-flight", "3", "--chunk-size", "777"},
+        {"--threads", "2", "--files-in-flight", "2", "--chunk-size", "65536", "--collate-threads", "2", "--mmap"},
+    };
+    std::vector<std::string> first;
+    for (std::size_t i = 0; i < configs.size(); ++i) {
+        const auto keys = out / ("keys" + std::to_string(i));
+        auto r = probe(with(with(base, configs[i]), {"--emit-keys", keys}));
+        INFO(r.err << r.out);
+        REQUIRE(r.status == 0);
+        auto got = lines_of(keys);
+        REQUIRE(got.size() == 2 * json_u64(d.summary, "records"));
+        if (i == 0) first = got;
+        else REQUIRE(got == first);
+    }
+    // Each epoch is a permutation of the data, and the two epochs differ.
+    const auto half = first.size() / 2;
+    std::vector<std::string> e0(first.begin(), first.begin() + half), e1(first.begin() + half, first.end());
+    REQUIRE(e0 != e1);
+    std::sort(e0.begin(), e0.end());
+    std::sort(e1.begin(), e1.end());
+    REQUIRE(e0 == e1);
+    REQUIRE(std::adjacent_find(e0.begin(), e0.end()) == e0.end());
+    // Another seed, another order.
+    const auto other = out / "other";
+    auto r = probe(with(base, {"--seed", "12", "--emit-keys", other}));
+    REQUIRE(r.status == 0);
+    REQUIRE(lines_of(other) != first);
+}
+
+TEST_CASE("over HTTP, deterministic mode gives the same sequence whatever the requests in flight and chunk size", "[determinism][http]") {
+    dataset d({"--files", "8", "--records", "300", "--record-size", "30", "--vary", "--uneven", "--seed", "8"});
+    sluice_test::nginx_server nginx(d.dir / "data");
+    sluice_test::temp_dir out;
+    const std::vector<std::string> base{"--quiet", "--json", "--deterministic", "--seed", "5", "--shuffle", "200",
+                                        "--batch", "16", nginx.url(d.pattern())};
+    std::vector<std::string> first;
+    int i = 0;
+    for (std::vector<std::string> cfg : {std::vector<std::string>{"--in-flight", "1"},
+                                         {"--in-flight", "16", "--chunk-size", "1000", "--part-size", "3000"},
+                                         {"--in-flight", "4", "--threads", "1"}}) {
+        const auto keys = out / ("k" + std::to_string(i++));
+        auto r = probe(with(with(base, cfg), {"--emit-keys", keys}));
+        INFO(r.err << r.out);
+        REQUIRE(r.status == 0);
+        if (first.empty()) first = lines_of(keys);
+        else REQUIRE(lines_of(keys) == first);
+    }
+    REQUIRE(first.size() == json_u64(d.summary, "records"));
+}
+
+TEST_CASE("ranks from RANK and WORLD_SIZE take disjoint, equal shares that cover the data", "[ranks]") {
+    // Shards of different sizes: 11 files of 60..126 records.
+    dataset d({"--files", "11", "--records", "90", "--uneven", "--seed", "2"});
+    const std::uint64_t total = json_u64(d.summary, "records");
+    sluice_test::temp_dir out;
+    for (std::string share : {"drop", "pad"}) {
+        INFO("share " << share);
+        std::vector<std::string> all;
+        std::set<std::uint64_t> batches;
+        for (int rank = 0; rank < 4; ++rank) {
+            const auto keys = out / (share + std::to_string(rank));
+            auto r = run({"/usr/bin/env", "RANK=" + std::to_string(rank), "WORLD_SIZE=4", SLUICE_PROBE, "--quiet", "--json",
+                          "--seed", "6", "--shuffle", "50", "--batch", "8", "--counts", d.counts, "--share", share,
+                          "--emit-keys", keys, d.glob()});
+            INFO(r.err << r.out);
+            REQUIRE(r.status == 0);
+            batches.insert(json_u64(r.out, "batches"));
+            auto k = lines_of(keys);
+            all.insert(all.end(), k.begin(), k.end());
+        }
+        REQUIRE(batches.size() == 1);  // every rank steps the same number of times
+        std::set<std::string> distinct(all.begin(), all.end());
+        if (share == "drop") {
+            REQUIRE(all.size() == total / 4 * 4);
+            REQUIRE(distinct.size() == all.size());  // disjoint
+            REQUIRE(total - distinct.size() < 4);    // fewer than world records left out
+        } else {
+            REQUIRE(all.size() == (total + 3) / 4 * 4);
+            REQUIRE(distinct.size() == total);  // every record, a few twice
+        }
+    }
+    SECTION("the launcher's variables are read in order, and bad ones named") {
+        auto r = run({"/usr/bin/env", "-u", "RANK", "-u", "WORLD_SIZE", "SLURM_PROCID=1", "SLURM_NTASKS=2", SLUICE_PROBE,
+                      "--quiet", "--json", "--counts", d.counts, d.glob()});
+        REQUIRE(r.status == 0);
+        REQUIRE(json_u64(r.out, "records") == total / 2);
+        r = run({"/usr/bin/env", "OMPI_COMM_WORLD_RANK=2", "OMPI_COMM_WORLD_SIZE=2", SLUICE_PROBE, "--quiet",
+                 "--counts", d.counts, d.glob()});
+        REQUIRE(r.status == 1);
+        REQUIRE(r.err.find("OMPI_COMM_WORLD_RANK=2 is not below OMPI_COMM_WORLD_SIZE=2") != std::string::npos);
+        r = run({"/usr/bin/env", "RANK=1", "WORLD_SIZE=2", SLUICE_PROBE, "--quiet", d.glob()});
+        REQUIRE(r.status == 1);
+        REQUIRE(r.err.find("needs record counts") != std::string::npos);
+    }
+}
+
+TEST_CASE("4 processes with RANK and WORLD_SIZE read one dataset from nginx: union is the dataset, no overlap, equal batches", "[ranks][http]") {
+    dataset d({"--files", "13", "--records", "200", "--uneven", "--vary", "--seed", "9"});
+    sluice_test::nginx_server nginx(d.dir / "data");
+    sluice_test::temp_dir out;
+    std::vector<std::unique_ptr<sluice_test::child>> procs;
+    for (int rank = 0; rank < 4; ++rank)
+        procs.push_back(std::make_unique<sluice_test::child>(
+            std::vector<std::string>{"/usr/bin/env", "RANK=" + std::to_string(rank), "WORLD_SIZE=4", SLUICE_PROBE,
+                                     "--quiet", "--json", "--seed", "3", "--shuffle", "100", "--epochs", "2", "--batch",
+                                     "16", "--counts", d.counts, "--emit-keys", out / ("keys" + std::to_string(rank)),
+                                     nginx.url(d.pattern())},
+            out / ("out" + std::to_string(rank)), out / ("err" + std::to_string(rank))));
+    std::set<std::uint64_t> batches;
+    std::multiset<std::string> epoch0, epoch1;
+    const std::uint64_t total = json_u64(d.summary, "records");
+    for (int rank = 0; rank < 4; ++rank) {
+        INFO(slurp_file(out / ("err" + std::to_string(rank))));
+        REQUIRE(procs[rank]->wait() == 0);
+        const auto json = slurp_file(out / ("out" + std::to_string(rank)));
+        batches.insert(json_u64(json, "batches"));
+        auto k = lines_of(out / ("keys" + std::to_string(rank)));
+        REQUIRE(k.size() == 2 * (total / 4));
+        epoch0.insert(k.begin(), k.begin() + k.size() / 2);
+        epoch1.insert(k.begin() + k.size() / 2, k.end());
+    }
+    REQUIRE(batches.size() == 1);
+    for (auto* e : {&epoch0, &epoch1}) {
+        std::set<std::string> distinct(e->begin(), e->end());
+        REQUIRE(distinct.size() == e->size());  // no record on two ranks
+        REQUIRE(total - distinct.size() < 4);   // all but the remainder
+    }
+}
+
+namespace {
+// Runs `args` whole, then cut after each of `cuts` batches and resumed: the cut run's keys
+// followed by the resumed run's must be the whole run's, for every cut.
+void check_resume(const std::vector<std::string>& args, const std::vector<std::uint64_t>& cuts) {
+    sluice_test::temp_dir out;
+    auto whole = probe(with(args, {"--emit-keys", out / "whole"}));
+    INFO(whole.err);
+    REQUIRE(whole.status == 0);
+    const auto expected = lines_of(out / "whole");
+    REQUIRE(!expected.empty());
+    for (auto cut : cuts) {
+        INFO("cut after batch " << cut);
+        auto a = probe(with(args, {"--stop-after-batches", std::to_string(cut), "--save-state", out / "state",
+                                   "--emit-keys", out / "a"}));
+        INFO(a.err);
+        REQUIRE(a.status == 0);
+        const auto state = slurp_file(out / "state");
+        INFO(state);
+        REQUIRE(state.size() < 1024);  // small: epoch, position and settings
+        auto b = probe(with(args, {"--resume", out / "state", "--emit-keys", out / "b"}));
+        INFO(b.err);
+        REQUIRE(b.status == 0);
+        auto got = lines_of(out / "a");
+        auto rest = lines_of(out / "b");
+        got.insert(got.end(), rest.begin(), rest.end());
+        REQUIRE(got == expected);
+    }
+}
+
+std::vector<std::uint64_t> random_cuts(std::uint64_t batches, int n) {
+    sluice::detail::rng r(sluice_test::test_seed());
+    std::vector<std::uint64_t> cuts{0, 1, batches - 1, batches};
+    for (int i = 0; i < n; ++i) cuts.push_back(r.below(batches + 1));
+    return cuts;
+}
+}  // namespace
+
+TEST_CASE("a pipeline cut after any batch resumes with exactly the rest, local files", "[resume]") {
+    dataset d({"--files", "7", "--records", "250", "--record-size", "30", "--vary", "--uneven", "--seed", "12"});
+    const std::uint64_t records = json_u64(d.summary, "records");
+    const std::uint64_t per_epoch = (records + 15) / 16;  // batches of 16, the last one partial
+    const std::vector<std::string> args{"--quiet", "--json", "--deterministic", "--seed", "21", "--shuffle", "120",
+                                        "--epochs", "3", "--batch", "16", "--chunk-size", "3000", d.glob()};
+    SECTION("with record counts: only what is needed is read again") {
+        auto cuts = random_cuts(3 * per_epoch, 6);
+        cuts.push_back(per_epoch);      // at an epoch's end
+        cuts.push_back(per_epoch + 3);  // early in the second epoch
+        check_resume(with(args, {"--counts", d.counts}), cuts);
+    }
+    SECTION("without record counts: the epoch is read again and what was delivered dropped") {
+        check_resume(args, random_cuts(3 * per_epoch, 4));
+    }
+    SECTION("two ranks, no shuffle, the last partial batch dropped") {
+        auto two = with(args, {"--counts", d.counts, "--rank", "1", "--world", "2", "--shuffle", "0", "--drop-last"});
+        check_resume(two, random_cuts(3 * (records / 2 / 16), 4));
+    }
+}
+
+// What a stage took in, from sluice-probe's JSON.
+std::uint64_t stage_in(const std::string& json, const std::string& stage) {
+    const auto at = json.find("{\"name\":\"" + stage + "\"");
+    REQUIRE(at != std::string::npos);
+    return json_u64(json.substr(at), "items_in");
+}
+
+TEST_CASE("with record counts a resumed pipeline reads only what its shuffle held, not the epoch again", "[resume]") {
+    dataset d({"--files", "20", "--records", "200", "--record-size", "30", "--seed", "18"});
+    sluice_test::temp_dir out;
+    const std::vector<std::string> args{"--quiet", "--json", "--deterministic", "--seed", "4", "--shuffle", "100",
+                                        "--batch", "10", d.glob()};
+    // A cut late in the epoch: 350 of 400 batches delivered.
+    REQUIRE(probe(with(args, {"--stop-after-batches", "350", "--save-state", out / "s"})).status == 0);
+    auto with_counts = probe(with(args, {"--counts", d.counts, "--resume", out / "s"}));
+    auto without = probe(with(args, {"--resume", out / "s"}));
+    REQUIRE(with_counts.status == 0);
+    REQUIRE(without.status == 0);
+    REQUIRE(json_u64(with_counts.out, "records") == 500);
+    REQUIRE(json_u64(without.out, "records") == 500);
+    REQUIRE(stage_in(without.out, "lines") == 20);      // every file read again
+    REQUIRE(stage_in(with_counts.out, "lines") <= 10);  // the last few, and those the buffer held
+    REQUIRE(stage_in(with_counts.out, "shuffle") < 1000);
+}
+
+TEST_CASE("a pipeline cut after any batch resumes with exactly the rest, over HTTP", "[resume][http]") {
+    dataset d({"--files", "6", "--records", "300", "--record-size", "20", "--vary", "--uneven", "--seed", "13"});
+    sluice_test::nginx_server nginx(d.dir / "data");
+    const std::uint64_t per_epoch = (json_u64(d.summary, "records") + 9) / 10;
+    check_resume({"--quiet", "--json", "--deterministic", "--seed", "2", "--shuffle", "250", "--epochs", "2", "--batch",
+                  "10", "--in-flight", "8", "--counts", d.counts, nginx.url(d.pattern())},
+                 random_cuts(2 * per_epoch, 5));
+}
+
+TEST_CASE("a saved state is refused by a pipeline that would give another sequence", "[resume][errors]") {
+    dataset d({"--files", "3", "--records", "100"});
+    sluice_test::temp_dir out;
+    const std::vector<std::string> args{"--quiet", "--seed", "1", "--shuffle", "50", "--batch", "8", d.glob()};
+    REQUIRE(probe(with(args, {"--stop-after-batches", "5", "--save-state", out / "s"})).status == 0);
+    auto r = probe({"--quiet", "--seed", "2", "--shuffle", "50", "--batch", "8", "--resume", out / "s", d.glob()});
+    REQUIRE(r.status == 1);
+    REQUIRE(r.err.find("cannot resume: the saved state was made with") != std::string::npos);
+    REQUIRE(r.err.find("seed=1, this pipeline has") != std::string::npos);
+    r = probe(with(args, {"--batch", "9", "--resume", out / "s"}));
+    REQUIRE(r.status == 1);
+    REQUIRE(r.err.find("batch size=8") != std::string::npos);
+    std::ofstream(out / "bad") << "not a state\n";
+    r = probe(with(args, {"--resume", out / "bad"}));
+    REQUIRE(r.status == 1);
+    REQUIRE(r.err.find("not a sluice state") != std::string::npos);
+    // Counts that do not describe the data: named, not silently wrong.
+    std::ofstream(out / "counts") << "99 shard-000000.txt\n100 shard-000001.txt\n100 shard-000002.txt\n";
+    r = probe(with(args, {"--counts", out / "counts"}));
+    REQUIRE(r.status == 1);
+    REQUIRE(r.err.find("yields 100 records but the record counts say 99") != std::string::npos);
+}
+
+namespace {
+std::uint64_t dir_bytes(const std::string& dir, int* files = nullptr, int* temps = nullptr) {
+    std::uint64_t n = 0;
+    for (auto& e : std::filesystem::directory_iterator(dir)) {
+        const auto name = e.path().filename().string();
+        if (name == ".lock") continue;
+        if (name.starts_with(".tmp-")) {
+            if (temps) ++*temps;
+            continue;
+        }
+        n += e.file_size();
+        if (files) ++*files;
+    }
+    return n;
+}
+}  // namespace
+
+TEST_CASE("the cache: epoch 1 from the server, later epochs and runs from local disk, the same records", "[cache][http]") {
+    dataset d({"--files", "6", "--records", "500", "--record-size", "100", "--vary", "--seed", "14"});
+    sluice_test::nginx_server nginx(d.dir / "data");
+    sluice_test::temp_dir cache;
+    // One request at a time: an object is in the cache once its download completes, and
+    // with more in flight the second epoch's requests could start before that.
+    const std::vector<std::string> args{"--quiet", "--json", "--in-flight", "1", "--cache", cache / "c",
+                                        nginx.url(d.pattern())};
+    auto first = probe(with(args, {"--epochs", "2"}));
+    INFO(first.err << first.out);
+    REQUIRE(first.status == 0);
+    REQUIRE(json_u64(first.out, "crc_sum") == 2 * json_u64(d.summary, "crc_sum"));
+    REQUIRE(json_u64(first.out, "cache_misses") == 6);
+    REQUIRE(json_u64(first.out, "cache_hits") == 6);  // the second epoch
+    REQUIRE(json_u64(first.out, "requests") == 6);
+    int files = 0;
+    dir_bytes(cache / "c", &files);
+    REQUIRE(files == 6);
+    auto second = probe(args);
+    REQUIRE(second.status == 0);
+    REQUIRE(json_u64(second.out, "crc_sum") == json_u64(d.summary, "crc_sum"));
+    REQUIRE(json_u64(second.out, "cache_hits") == 6);
+    REQUIRE(json_u64(second.out, "requests") == 0);
+    SECTION("a bounded cache evicts the least recently used and stays under its limit") {
+        sluice_test::temp_dir small;
+        const std::uint64_t shard_bytes = std::filesystem::file_size(d.dir / "data/shard-000000.txt");
+        const std::uint64_t limit = 3 * shard_bytes + shard_bytes / 2;  // about three shards
+        auto r = probe({"--quiet", "--json", "--epochs", "2", "--cache", small / "c", "--cache-bytes",
+                        std::to_string(limit), nginx.url(d.pattern())});
+        INFO(r.err);
+        REQUIRE(r.status == 0);
+        REQUIRE(json_u64(r.out, "crc_sum") == 2 * json_u64(d.summary, "crc_sum"));
+        REQUIRE(json_u64(r.out, "cache_evictions") > 0);
+        REQUIRE(dir_bytes(small / "c") <= limit);
+    }
+    SECTION("a copy cut short is discarded, not served") {
+        for (auto& e : std::filesystem::directory_iterator(cache / "c"))
+            if (!e.path().filename().string().starts_with(".")) {
+                std::filesystem::resize_file(e.path(), e.file_size() / 2);
+                break;
+            }
+        auto r = probe(args);
+        REQUIRE(r.status == 0);
+        REQUIRE(json_u64(r.out, "crc_sum") == json_u64(d.summary, "crc_sum"));
+        REQUIRE(json_u64(r.out, "cache_hits") == 5);
+        REQUIRE(json_u64(r.out, "cache_misses") == 1);
+    }
+}
+
+TEST_CASE("processes of one node share one cache safely", "[cache][http]") {
+    dataset d({"--files", "10", "--records", "400", "--record-size", "200", "--vary", "--seed", "15"});
+    sluice_test::nginx_server nginx(d.dir / "data");
+    sluice_test::temp_dir cache, out;
+    const std::uint64_t shard_bytes = std::filesystem::file_size(d.dir / "data/shard-000000.txt");
+    const std::uint64_t limit = 6 * shard_bytes;  // less than the dataset: evictions race with reads
+    std::vector<std::unique_ptr<sluice_test::child>> procs;
+    for (int i = 0; i < 4; ++i)
+        procs.push_back(std::make_unique<sluice_test::child>(
+            std::vector<std::string>{SLUICE_PROBE, "--quiet", "--json", "--epochs", "3", "--seed", std::to_string(i),
+                                     "--in-flight", "3", "--cache", cache / "c", "--cache-bytes", std::to_string(limit),
+                                     nginx.url(d.pattern())},
+            out / ("out" + std::to_string(i)), out / ("err" + std::to_string(i))));
+    for (int i = 0; i < 4; ++i) {
+        INFO(slurp_file(out / ("err" + std::to_string(i))));
+        REQUIRE(procs[i]->wait() == 0);
+        const auto json = slurp_file(out / ("out" + std::to_string(i)));
+        REQUIRE(json_u64(json, "crc_sum") == 3 * json_u64(d.summary, "crc_sum"));
+        REQUIRE(json_u64(json, "cache_write_failures") == 0);
+    }
+    int temps = 0;
+    REQUIRE(dir_bytes(cache / "c", nullptr, &temps) <= limit);
+    REQUIRE(temps == 0);
+    // Whatever is left is whole: a run reading only from it gets every record right.
+    auto r = probe({"--quiet", "--json", "--cache", cache / "c", nginx.url(d.pattern())});
+    REQUIRE(r.status == 0);
+    REQUIRE(json_u64(r.out, "crc_sum") == json_u64(d.summary, "crc_sum"));
+    REQUIRE(json_u64(r.out, "cache_hits") > 0);
+}
+
+TEST_CASE("a full disk for the cache falls back to the source with a warning and loses nothing", "[cache][http][errors]") {
+    // A 64 KiB file system of our own, in a user and mount namespace (no root needed).
+    auto can = run({"unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k none /mnt"});
+    if (can.status != 0) {
+        WARN("[test skipped] cannot mount a small tmpfs in a user namespace here: " << can.err);
+        return;
+    }
+    dataset d({"--files", "5", "--records", "400", "--record-size", "100", "--seed", "16"});  // ~40 KB each
+    sluice_test::nginx_server nginx(d.dir / "data");
+    sluice_test::temp_dir mnt;
+    const std::string script = "mount -t tmpfs -o size=64k none " + mnt.path().string() + " && exec \"$@\"";
+    auto r = run({"unshare", "-rm", "sh", "-c", script, "sh", SLUICE_PROBE, "--quiet", "--json", "--epochs", "2",
+                  "--in-flight", "2", "--cache", mnt / "c", nginx.url(d.pattern())});
+    INFO(r.err << r.out);
+    REQUIRE(r.status == 0);
+    REQUIRE(json_u64(r.out, "crc_sum") == 2 * json_u64(d.summary, "crc_sum"));
+    REQUIRE(json_u64(r.out, "records") == 2 * json_u64(d.summary, "records"));
+    REQUIRE(json_u64(r.out, "cache_write_failures") > 0);
+    REQUIRE(r.err.find("sluice: cache: cannot write") != std::string::npos);
+    REQUIRE(r.err.find("No space left on device") != std::string::npos);
+    REQUIRE(r.err.find("is read from its source and not cached") != std::string::npos);
+}
+
+TEST_CASE("a process killed while caching leaves no copy that is later served", "[cache][http][errors]") {
+    // The fault server answers slowly, so the kill lands mid-download.
+    dataset d({"--files", "4", "--records", "2000", "--record-size", "100", "--seed", "17"});
+    sluice_test::fault_server slow(d.dir / "data", {"--ttfb-ms", "300"});
+    sluice_test::temp_dir cache, out;
+    {
+        sluice_test::child p({SLUICE_PROBE, "--quiet", "--json", "--in-flight", "4", "--cache", cache / "c",
+                              slow.url(d.pattern())},
+                             out / "o", out / "e");
+        for (int i = 0; i < 500; ++i) {
+            int temps = 0;
+            if (std::filesystem::exists(cache / "c")) dir_bytes(cache / "c", nullptr, &temps);
+            if (temps > 0) break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        ::kill(p.pid(), SIGKILL);
+        p.wait();
+    }
+    int files = 0, temps = 0;
+    dir_bytes(cache / "c", &files, &temps);
+    REQUIRE(temps > 0);  // it was killed mid-copy
+    auto r = probe({"--quiet", "--json", "--cache", cache / "c", slow.url(d.pattern())});
+    INFO(r.err);
+    REQUIRE(r.status == 0);
+    REQUIRE(json_u64(r.out, "crc_sum") == json_u64(d.summary, "crc_sum"));
+    REQUIRE(json_u64(r.out, "cache_misses") == 4 - static_cast<std::uint64_t>(files));
+}

@@ -1,0 +1,160 @@
+#include <sluice/io/cache.hpp>
+
+#include "support/test_support.hpp"
+
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <thread>
+
+namespace {
+std::span<const std::byte> as_bytes(const std::string& s) {
+    return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+std::string read_copy(sluice::detail::local_cache::hit h) {
+    std::string out(h.size, '\0');
+    REQUIRE(::pread(h.fd, out.data(), out.size(), 0) == static_cast<ssize_t>(out.size()));
+    ::close(h.fd);
+    return out;
+}
+// Puts `content` in the cache as the copy of `url`.
+bool put(sluice::detail::local_cache& c, const std::string& url, const std::string& content) {
+    sluice::detail::local_cache::writer w(c, url);
+    w.write(as_bytes(content.substr(0, content.size() / 2)), 0);
+    w.write(as_bytes(content.substr(content.size() / 2)), content.size() / 2);
+    return w.commit(content.size());
+}
+// The same, for a forked child (no REQUIRE there).
+std::string read_copy_raw(sluice::detail::local_cache::hit h) {
+    std::string out(h.size, '\0');
+    const bool ok = ::pread(h.fd, out.data(), out.size(), 0) == static_cast<ssize_t>(out.size());
+    ::close(h.fd);
+    return ok ? out : std::string();
+}
+void put_raw(sluice::detail::local_cache& c, const std::string& url, const std::string& content) {
+    sluice::detail::local_cache::writer w(c, url);
+    w.write(as_bytes(content), 0);
+    w.commit(content.size());
+}
+int entries(const std::string& dir) {
+    int n = 0;
+    for (auto& e : std::filesystem::directory_iterator(dir)) n += !e.path().filename().string().starts_with(".");
+    return n;
+}
+}  // namespace
+
+TEST_CASE("a committed copy is found with its size, an uncommitted one never is", "[cache]") {
+    sluice_test::temp_dir d;
+    sluice::detail::local_cache c({.dir = d / "c"});
+    REQUIRE_FALSE(c.find("http://h/a.tar"));
+    REQUIRE(put(c, "http://h/a.tar", "hello, cache"));
+    auto h = c.find("http://h/a.tar");
+    REQUIRE(h);
+    REQUIRE(h->size == 12);
+    REQUIRE(read_copy(*h) == "hello, cache");
+    {
+        sluice::detail::local_cache::writer w(c, "http://h/b.tar");
+        w.write(as_bytes("partial"), 0);
+        REQUIRE(entries(d / "c") == 1);  // the partial copy is a temporary file only
+    }  // abandoned: removed
+    REQUIRE_FALSE(c.find("http://h/b.tar"));
+    REQUIRE(std::distance(std::filesystem::directory_iterator(d / "c"), {}) == 2);  // the copy and .lock
+}
+
+TEST_CASE("a copy whose trailer does not match (cut short) is removed, not served", "[cache]") {
+    sluice_test::temp_dir d;
+    sluice::detail::local_cache c({.dir = d / "c"});
+    REQUIRE(put(c, "http://h/a", std::string(1000, 'a')));
+    const auto path = c.path_for("http://h/a");
+    std::filesystem::resize_file(path, 600);
+    REQUIRE_FALSE(c.find("http://h/a"));
+    REQUIRE_FALSE(std::filesystem::exists(path));
+}
+
+TEST_CASE("the cache evicts the least recently used copies to stay under max_bytes", "[cache]") {
+    sluice_test::temp_dir d;
+    const std::uint64_t each = 1000 + sluice::detail::local_cache::trailer_size;
+    sluice::detail::local_cache c({.dir = d / "c", .max_bytes = 3 * each});
+    for (auto name : {"a", "b", "c"}) {
+        REQUIRE(put(c, std::string("http://h/") + name, std::string(1000, name[0])));
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));  // distinct modification times
+    }
+    auto hit = c.find("http://h/a");  // a is now the most recently used
+    REQUIRE(hit);
+    ::close(hit->fd);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    REQUIRE(put(c, "http://h/d", std::string(1000, 'd')));
+    REQUIRE(c.find("http://h/a"));
+    REQUIRE_FALSE(c.find("http://h/b"));  // the least recently used went
+    REQUIRE(c.find("http://h/c"));
+    REQUIRE(c.find("http://h/d"));
+    REQUIRE(c.evictions.load() == 1);
+    // An object larger than the whole cache is not kept (nor does it empty the cache).
+    REQUIRE_FALSE(put(c, "http://h/huge", std::string(4 * each, 'h')));
+    REQUIRE(entries(d / "c") == 3);
+}
+
+TEST_CASE("stale temporary files of dead writers are removed, live ones kept", "[cache]") {
+    sluice_test::temp_dir d;
+    sluice::detail::local_cache c({.dir = d / "c", .max_bytes = 1 << 20, .stale_after = std::chrono::seconds(60)});
+    const auto old_tmp = d.write("c/.tmp-1-dead", "left by a crash");
+    const auto new_tmp = d.write("c/.tmp-2-live", "being written");
+    const auto then = std::filesystem::file_time_type::clock::now() - std::chrono::hours(2);
+    std::filesystem::last_write_time(old_tmp, then);
+    REQUIRE(put(c, "http://h/a", "x"));
+    REQUIRE_FALSE(std::filesystem::exists(old_tmp));
+    REQUIRE(std::filesystem::exists(new_tmp));
+}
+
+TEST_CASE("a write that fails abandons the copy with a warning naming the file and the error", "[cache][errors]") {
+    sluice_test::temp_dir d;
+    std::vector<std::string> warnings;
+    sluice::detail::local_cache c({.dir = d / "c", .on_warning = [&](const std::string& w) { warnings.push_back(w); }});
+    std::filesystem::remove_all(d / "c");  // (a read-only directory would not stop root)
+    sluice::detail::local_cache::writer w(c, "https://user:secret@h/a.tar?X-Amz-Signature=abc");
+    w.write(as_bytes("data"), 0);
+    REQUIRE(w.failed());
+    REQUIRE_FALSE(w.commit(4));
+    REQUIRE(warnings.size() == 1);
+    REQUIRE_THAT(warnings[0], Catch::Contains("sluice: cache: cannot write") && Catch::Contains("No such file or directory") &&
+                                  Catch::Contains("is read from its source and not cached"));
+    REQUIRE(warnings[0].find("secret") == std::string::npos);
+    REQUIRE(warnings[0].find("abc") == std::string::npos);
+    REQUIRE(c.failures.load() == 1);
+}
+
+TEST_CASE("processes sharing a cache directory keep it under its limit and every copy whole", "[cache]") {
+    sluice_test::temp_dir d;
+    const std::uint64_t each = 4096 + sluice::detail::local_cache::trailer_size;
+    const std::string dir = d / "c";
+    std::vector<pid_t> kids;
+    for (int p = 0; p < 4; ++p) {
+        const pid_t pid = ::fork();
+        if (pid == 0) {
+            int bad = 0;
+            try {
+                sluice::detail::local_cache c({.dir = dir, .max_bytes = 5 * each});
+                for (int i = 0; i < 40; ++i) {
+                    const std::string url = "http://h/o" + std::to_string((i * 7 + p) % 12);
+                    const std::string content(4096, char('a' + (i * 7 + p) % 12));
+                    if (auto h = c.find(url)) bad += read_copy_raw(*h) != content;
+                    else put_raw(c, url, content);
+                }
+            } catch (...) {
+                bad = 100;
+            }
+            ::_exit(bad);
+        }
+        kids.push_back(pid);
+    }
+    for (auto pid : kids) {
+        int st = 0;
+        REQUIRE(::waitpid(pid, &st, 0) == pid);
+        REQUIRE(WIFEXITED(st));
+        REQUIRE(WEXITSTATUS(st) == 0);  // no copy read back wrong
+    }
+    std::uint64_t bytes = 0;
+    for (auto& e : std::filesystem::directory_iterator(dir))
+        if (!e.path().filename().string().starts_with(".")) bytes += e.file_size();
+    REQUIRE(bytes <= 5 * each);
+}
