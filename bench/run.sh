@@ -317,7 +317,6 @@ for w in "${what[@]}"; do
       fi
     done
     ;;
-  *) echo "unknown benchmark $w (channel, crc32c, local, formats, http, s3, memory, device)" >&2; exit 2 ;;
   cache)
     # Epoch 1 through the fault server with a 50 ms first byte (object-store latency),
     # written to the cache as it streams; epoch 2 from the cache (every object a hit, no
@@ -325,6 +324,7 @@ for w in "${what[@]}"; do
     # (--format chunks). Goals: epoch 2 >= 0.8 x cat; the speed-up over epoch 1.
     src=$data/cache-src
     if [ ! -f "$src/objects.json" ]; then
+      mkdir -p "$src"
       "$build/examples/sluice-gen" "$src" --files 64 --records 80 --record-size 102400 --seed 6 > "$src/objects.json.tmp"
       mv "$src/objects.json.tmp" "$src/objects.json"
     fi
@@ -346,10 +346,19 @@ for w in "${what[@]}"; do
       g=$(gbs "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")
       best2=$(awk -v x="$g" -v y="$best2" 'BEGIN { print (x > y) ? x : y }')
     done
+    # The same epoch 2 through the whole pipeline (lines parsed, batches of 256 collated):
+    # what a trainer gets, where the copy into batches is the cost.
+    bestp=0
+    for i in 1 2 3; do
+      t0=$(now); "$probe" --format lines --batch 256 --no-crc --json --quiet --in-flight 16 --cache "$work/c" "$url" > "$work/e2p.json"; t1=$(now)
+      g=$(gbs "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")
+      bestp=$(awk -v x="$g" -v y="$bestp" 'BEGIN { print (x > y) ? x : y }')
+    done
     cat_gbs=$(best_of_3 sh -c "cat '$work/c'/[!.]* > /dev/null")
-    echo "{\"bench\":\"cache_epochs\",\"bytes\":$bytes,\"objects\":64,\"epoch1_fault_server_gb_per_s\":$e1,\"epoch2_cache_gb_per_s\":$best2,\"cat_gb_per_s\":$cat_gbs,\"speedup\":$(ratio "$best2" "$e1"),\"ratio_to_cat\":$(ratio "$best2" "$cat_gbs")}"
-    echo "cache, 64 x 8 MiB: epoch 1 (fault server, 50 ms first byte, 16 in flight) $e1 GB/s; epoch 2 (cache) $best2 GB/s = $(ratio "$best2" "$e1") x; cat of the cached files $cat_gbs GB/s, ratio $(ratio "$best2" "$cat_gbs") (goal >= 0.8)" >&2
+    echo "{\"bench\":\"cache_epochs\",\"bytes\":$bytes,\"objects\":64,\"epoch1_fault_server_gb_per_s\":$e1,\"epoch2_cache_gb_per_s\":$best2,\"epoch2_parsed_batched_gb_per_s\":$bestp,\"cat_gb_per_s\":$cat_gbs,\"speedup\":$(ratio "$best2" "$e1"),\"ratio_to_cat\":$(ratio "$best2" "$cat_gbs"),\"parsed_batched_ratio_to_cat\":$(ratio "$bestp" "$cat_gbs")}"
+    echo "cache, 64 x 8 MiB: epoch 1 (fault server, 50 ms first byte, 16 in flight) $e1 GB/s; epoch 2 (cache) $best2 GB/s = $(ratio "$best2" "$e1") x; cat of the cached files $cat_gbs GB/s, ratio $(ratio "$best2" "$cat_gbs") (goal >= 0.8); epoch 2 parsed and batched $bestp GB/s, ratio $(ratio "$bestp" "$cat_gbs")" >&2
     kill $fault_pid 2>/dev/null; wait $fault_pid 2>/dev/null; rm -rf "$work"; trap - EXIT
     ;;
+  *) echo "unknown benchmark $w (channel, crc32c, local, formats, http, s3, memory, device, cache)" >&2; exit 2 ;;
   esac
 done

@@ -258,6 +258,7 @@ private:
             states[i] = std::move(s.state);
             for (auto& f : s.on_stop) r->env.cancellers.push_back(std::move(f));
         }
+        r->env.run->check_noted();
         void* prev = nullptr;
         for (auto& l : links) {
             auto out = l->make_output();

@@ -17,6 +17,7 @@
 
 #include <sluice/core/error.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -55,22 +56,42 @@ public:
     /// A setting that defines the sequence (`key` is the stage, `value` its settings as
     /// text). On resume it must equal what the saved state recorded: a different seed or
     /// world size would give a different sequence, so that is an error naming both.
-    void note(const std::string& key, const std::string& value) {
+    /// `late`: noted by a worker once it runs (plan notes the listing); a state saved
+    /// before that has none, which is no mismatch.
+    void note(const std::string& key, const std::string& value, bool late = false) {
         std::lock_guard lock(m_);
         if (resume_) {
             auto it = saved_notes_.find(key);
-            if (it != saved_notes_.end() && it->second != value)
+            if (it == saved_notes_.end() && late) {
+                notes_[key] = value;
+                return;
+            }
+            if (it == saved_notes_.end())
+                throw error("sluice: cannot resume: the saved state was made without " + key + ", this pipeline has " +
+                            key + " " + value);
+            if (it->second != value)
                 throw error("sluice: cannot resume: the saved state was made with " + key + " " + it->second +
                             ", this pipeline has " + key + " " + value);
         }
         notes_[key] = value;
+    }
+    /// After every stage's setup: a stage the saved pipeline had and this one lacks
+    /// (notes made later, by workers, are named in `later`).
+    void check_noted(const std::vector<std::string>& later = {"data"}) const {
+        std::lock_guard lock(m_);
+        if (!resume_) return;
+        for (auto& [k, v] : saved_notes_)
+            if (!notes_.count(k) && std::find(later.begin(), later.end(), k) == later.end())
+                throw error("sluice: cannot resume: the saved state was made with " + k + " " + v +
+                            ", this pipeline has no " + k);
     }
 
     /// Records this rank takes in `epoch`, when known (plan, with record counts).
     void set_epoch_records(std::uint32_t epoch, std::uint64_t n) {
         std::lock_guard lock(m_);
         epoch_records_[epoch] = n;
-        if (epoch_records_.size() > 4) epoch_records_.erase(epoch_records_.begin());
+        // Plan may run many epochs ahead of the trainer on a small dataset: keep plenty.
+        if (epoch_records_.size() > 4096) epoch_records_.erase(epoch_records_.begin());
     }
     std::optional<std::uint64_t> epoch_records(std::uint32_t epoch) const {
         std::lock_guard lock(m_);

@@ -60,6 +60,12 @@ struct cache_options {
     std::uint64_t max_bytes = 0;
     /// Bytes per chunk when reading a cached copy.
     std::size_t chunk_size = 4u << 20;
+    /// Map cached copies into memory instead of reading them (chunks are slices of the
+    /// mapping: no copy; bench/RESULTS.md). Safe here, unlike for read() in general: a
+    /// copy is never rewritten in place (a new copy is renamed over it, eviction unlinks
+    /// it, and a mapped file that is unlinked stays whole), so nothing shrinks under the
+    /// mapping unless someone truncates files in the cache directory by hand.
+    bool map = true;
     /// Temporary files untouched for this long belong to a process that died: eviction
     /// removes them.
     std::chrono::seconds stale_after{3600};
@@ -196,9 +202,8 @@ public:
             }
             ::close(fd_);
             fd_ = -1;
-            c_.make_room(size + trailer_size, tmp_);
-            if (::rename(tmp_.c_str(), c_.path_for(url_).c_str()) != 0) {
-                fail(errno, size);
+            if (const int err = c_.place(size + trailer_size, tmp_, c_.path_for(url_))) {
+                fail(err, size);
                 return false;
             }
             committed_ = true;
@@ -228,9 +233,9 @@ public:
     std::atomic<std::uint64_t> failures{0};
 
     /// Under the directory's lock: removes stale temporary files, then least recently
-    /// used objects until `incoming` more bytes fit in max_bytes (`keep`: the caller's own
-    /// temporary file, never removed).
-    void make_room(std::uint64_t incoming, const std::string& keep) {
+    /// used objects until `incoming` more bytes fit in max_bytes, then renames `tmp` (the
+    /// caller's complete copy) to `final`. Returns 0 or the rename's errno.
+    int place(std::uint64_t incoming, const std::string& tmp, const std::string& final) {
         std::lock_guard local(m_);  // flock is per open file: threads of this process queue here
         struct flock_guard {
             int fd;
@@ -248,7 +253,7 @@ public:
         std::vector<entry> entries;
         std::uint64_t used = 0;
         const auto now = std::chrono::system_clock::now();
-        const std::string keep_name = keep.substr(keep.find_last_of('/') + 1);
+        const std::string keep_name = tmp.substr(tmp.find_last_of('/') + 1);
         if (DIR* d = ::opendir(o_.dir.c_str())) {
             while (dirent* e = ::readdir(d)) {
                 const std::string name = e->d_name;
@@ -264,12 +269,14 @@ public:
                     else if (name != keep_name) used += bytes;  // another writer's object in progress
                     continue;
                 }
+                if (path == final) continue;  // another process's copy of the same object: replaced
                 used += bytes;
                 entries.push_back({path, bytes, st.st_mtim});
             }
             ::closedir(d);
         }
-        if (!o_.max_bytes || used + incoming <= o_.max_bytes) return;
+        auto rename_into_place = [&] { return ::rename(tmp.c_str(), final.c_str()) == 0 ? 0 : errno; };
+        if (!o_.max_bytes || used + incoming <= o_.max_bytes) return rename_into_place();
         std::sort(entries.begin(), entries.end(), [](const entry& a, const entry& b) {
             return a.mtime.tv_sec != b.mtime.tv_sec ? a.mtime.tv_sec < b.mtime.tv_sec : a.mtime.tv_nsec < b.mtime.tv_nsec;
         });
@@ -278,6 +285,7 @@ public:
             if (::unlink(e.path.c_str()) == 0 || errno == ENOENT) used -= std::min(used, e.bytes);
             evictions.fetch_add(1, std::memory_order_relaxed);
         }
+        return rename_into_place();
     }
 
     std::atomic<std::uint64_t> evictions{0};

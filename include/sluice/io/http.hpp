@@ -274,7 +274,8 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
                     fd_guard fd(hit->fd);
                     cache_hits.fetch_add(1, std::memory_order_relaxed);
                     turn_gate gate(ctx.turn, ticket);
-                    co_await read_file(ctx, src, hit->path, fd, cache->options().chunk_size, false, gate, hit->size);
+                    co_await read_file(ctx, src, hit->path, fd, cache->options().chunk_size, cache->options().map, gate,
+                                       hit->size);
                     my_turn = true;
                     gate.done();
                     continue;

@@ -347,7 +347,7 @@ inline stage<std::string, shard> plan(plan_options o = {}) {
             for (auto& u : urls) h = detail::fnv1a(h, u);
             char hex[17];
             std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
-            ctx.run->note("data", std::to_string(urls.size()) + " shards " + hex);
+            ctx.run->note("data", std::to_string(urls.size()) + " shards " + hex, /*late=*/true);
             std::uint32_t e = 0;
             std::optional<run_state::replay> replay;
             if (auto at = ctx.run->resume()) {

@@ -19,8 +19,20 @@ TEST_CASE("a state is written as a few lines and read back", "[state]") {
     b.note("plan", "seed=1 rank=0 world=2");  // the same: fine
     REQUIRE_THROWS_WITH(b.note("batch", "size=16 drop_last=0"),
                         Catch::Contains("saved state was made with batch size=8 drop_last=0, this pipeline has batch size=16"));
-    b.note("shuffle", "buffer=10");  // not in the saved state: nothing to compare
-    REQUIRE(b.serialize({3, 300}).find("note shuffle buffer=10") != std::string::npos);
+    REQUIRE(b.serialize({3, 300}).find("note plan seed=1 rank=0 world=2") != std::string::npos);
+}
+
+TEST_CASE("a stage added or removed since the state was saved is named", "[state]") {
+    const std::string saved = "sluice-state 1\nepoch 0\nposition 8\nnote batch size=8 drop_last=0\nnote shuffle buffer=10\n"
+                              "note data 3 shards 0123\n";
+    sluice::run_state added(saved);
+    added.note("batch", "size=8 drop_last=0");
+    REQUIRE_THROWS_WITH(added.note("map", "x"), Catch::Contains("the saved state was made without map"));
+    sluice::run_state removed(saved);
+    removed.note("batch", "size=8 drop_last=0");
+    REQUIRE_THROWS_WITH(removed.check_noted(), Catch::Contains("made with shuffle buffer=10, this pipeline has no shuffle"));
+    removed.note("shuffle", "buffer=10");
+    removed.check_noted();  // "data" is noted later, by plan's worker
 }
 
 TEST_CASE("a malformed state is a clear error", "[state]") {
