@@ -542,7 +542,8 @@ int main(int argc, char** argv) {
                                                   sluice::lines({1024, o.channel_bytes}, sluice::compression::none);
     if (!o.write_counts.empty()) {
         try {
-            const auto n = sluice::count_records(records, {.runtime = {.cpu_threads = o.threads}});
+            const auto n = sluice::count_records(records, sluice::expand(o.sources, o.s3),
+                                                 {.runtime = {.cpu_threads = o.threads}});
             sluice::write_record_counts(o.write_counts, n);
             std::uint64_t total = 0;
             for (auto& [name, c] : n) total += c;

@@ -245,6 +245,28 @@ TEST_CASE("a pipeline cut after any batch resumes with exactly the rest, local f
     SECTION("without record counts: the epoch is read again and what was delivered dropped") {
         check_resume(args, random_cuts(3 * per_epoch, 4));
     }
+    SECTION("three ranks padded to equal shares, shuffled") {
+        auto three = with(args, {"--counts", d.counts, "--rank", "2", "--world", "3", "--share", "pad"});
+        check_resume(three, random_cuts(3 * ((records + 2) / 3 / 16 + 1), 4));
+    }
+    SECTION("saved without record counts, resumed with them, at an epoch's end and in its final drain") {
+        sluice_test::temp_dir out;
+        auto whole = probe(with(args, {"--emit-keys", out / "whole"}));
+        REQUIRE(whole.status == 0);
+        for (std::uint64_t cut : {per_epoch, per_epoch - 2, 2 * per_epoch - 1}) {
+            INFO("cut " << cut);
+            REQUIRE(probe(with(args, {"--stop-after-batches", std::to_string(cut), "--save-state", out / "s",
+                                      "--emit-keys", out / "a"}))
+                        .status == 0);
+            auto b = probe(with(args, {"--counts", d.counts, "--resume", out / "s", "--emit-keys", out / "b"}));
+            INFO(b.err);
+            REQUIRE(b.status == 0);
+            auto got = lines_of(out / "a");
+            auto rest = lines_of(out / "b");
+            got.insert(got.end(), rest.begin(), rest.end());
+            REQUIRE(got == lines_of(out / "whole"));
+        }
+    }
     SECTION("two ranks, no shuffle, the last partial batch dropped") {
         auto two = with(args, {"--counts", d.counts, "--rank", "1", "--world", "2", "--shuffle", "0", "--drop-last"});
         check_resume(two, random_cuts(3 * (records / 2 / 16), 4));
@@ -264,9 +286,10 @@ TEST_CASE("with record counts a resumed pipeline reads only what its shuffle hel
     const std::vector<std::string> args{"--quiet", "--json", "--deterministic", "--seed", "4", "--shuffle", "100",
                                         "--batch", "10", d.glob()};
     // A cut late in the epoch: 350 of 400 batches delivered.
-    REQUIRE(probe(with(args, {"--stop-after-batches", "350", "--save-state", out / "s"})).status == 0);
+    REQUIRE(probe(with(args, {"--counts", d.counts, "--stop-after-batches", "350", "--save-state", out / "s"})).status == 0);
+    REQUIRE(probe(with(args, {"--stop-after-batches", "350", "--save-state", out / "s0"})).status == 0);
     auto with_counts = probe(with(args, {"--counts", d.counts, "--resume", out / "s"}));
-    auto without = probe(with(args, {"--resume", out / "s"}));
+    auto without = probe(with(args, {"--resume", out / "s0"}));
     REQUIRE(with_counts.status == 0);
     REQUIRE(without.status == 0);
     REQUIRE(json_u64(with_counts.out, "records") == 500);
@@ -283,6 +306,22 @@ TEST_CASE("a pipeline cut after any batch resumes with exactly the rest, over HT
     check_resume({"--quiet", "--json", "--deterministic", "--seed", "2", "--shuffle", "250", "--epochs", "2", "--batch",
                   "10", "--in-flight", "8", "--counts", d.counts, nginx.url(d.pattern())},
                  random_cuts(2 * per_epoch, 5));
+}
+
+TEST_CASE("state is refused for a pipeline whose order depends on timing", "[resume][errors]") {
+    dataset d({"--files", "4", "--records", "100"});
+    sluice_test::nginx_server nginx(d.dir / "data");
+    sluice_test::temp_dir out;
+    // fetch is unordered by default: objects as they complete.
+    auto r = probe({"--quiet", "--batch", "8", "--stop-after-batches", "3", "--save-state", out / "s",
+                    nginx.url(d.pattern())});
+    REQUIRE(r.status == 1);
+    REQUIRE(r.err.find("cannot save a position: stage 'fetch' is unordered") != std::string::npos);
+    REQUIRE(r.err.find("sluice-probe --deterministic") != std::string::npos);
+    r = probe({"--quiet", "--batch", "8", "--files-in-flight", "2", "--stop-after-batches", "3", "--save-state",
+               out / "s", d.glob()});
+    REQUIRE(r.status == 1);
+    REQUIRE(r.err.find("stage 'read' is unordered") != std::string::npos);
 }
 
 TEST_CASE("a saved state is refused by a pipeline that would give another sequence", "[resume][errors]") {

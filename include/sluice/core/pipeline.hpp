@@ -90,13 +90,13 @@ public:
         std::lock_guard lock(m_);
         if (!run_ && !last_run_) throw error("sluice: state(): the pipeline has not started");
         auto& rs = run_ ? *run_->env.run : *last_run_;
+        if (auto why = rs.why_unknown(); !why.empty())
+            throw error("sluice: state(): cannot save a position: " + why);
         stream_point at = position_;
-        if (!took_position_) {
-            if (took_other_)
-                throw error("sluice: state(): the pipeline's items carry no position: end the pipeline at "
-                            "sluice::batch() (host_batch) or to_device() (device_batch)");
-            if (rs.resume()) at = *rs.resume();
-        }
+        if (took_other_)
+            throw error("sluice: state(): the pipeline's items carry no position: end the pipeline at "
+                        "sluice::batch() or after it with stages that give one item per batch (to_device, map)");
+        if (!took_position_ && rs.resume()) at = *rs.resume();
         if (auto n = rs.epoch_records(at.epoch); n && at.position >= *n) at = {at.epoch + 1, 0};
         return rs.serialize(at);
     }
@@ -229,11 +229,16 @@ private:
 
     template <class U>
     void note_position(const U& v) {
-        if constexpr (requires { v.epoch; v.position; }) {
-            position_ = {v.epoch, v.position};
-            took_position_ = true;
-        } else if constexpr (requires { v.host().epoch; }) {
-            position_ = {v.host().epoch, v.host().position};
+        // One stamp per item, in order: the batch stage's record of where each batch ends.
+        std::optional<stream_point> stamp;
+        {
+            std::lock_guard lock(m_);
+            if (run_) stamp = run_->env.run->pop_stamp();
+        }
+        if constexpr (requires { v.epoch; v.position; }) stamp = stream_point{v.epoch, v.position};
+        else if constexpr (requires { v.host().epoch; }) stamp = stream_point{v.host().epoch, v.host().position};
+        if (stamp) {
+            position_ = *stamp;
             took_position_ = true;
         } else {
             took_other_ = true;

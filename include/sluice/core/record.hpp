@@ -117,6 +117,11 @@ struct sample {
     }
 };
 
+/// Whether items of type T know their shard (a `source` member pointing to it), and so
+/// their epoch: records, samples, and a user's type that copies `source` over.
+template <class T>
+inline constexpr bool has_epoch = requires(const T& v) { v.source->epoch; };
+
 /// The epoch of an item that knows its shard (record, sample), else nothing: shuffle and
 /// batch keep epochs apart by it.
 template <class T>

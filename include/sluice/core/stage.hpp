@@ -241,6 +241,10 @@ struct link_impl final : link {
         auto* inch = static_cast<channel<In>*>(in);
         auto* outch = static_cast<channel<Out>*>(out);
         const unsigned n = std::max(1u, opts.concurrency);
+        if (n > 1 && opts.order == ordering::unordered)
+            env.run->epochs_unknown("stage '" + name + "' is unordered (" + std::to_string(n) +
+                                    " workers, output as completed), so the sequence depends on timing; build "
+                                    "it with .order = sluice::ordering::ordered (sluice-probe --deterministic)");
         if (n > 1 && opts.order == ordering::ordered) {
             s->turn = std::make_unique<turnstile>();
             env.cancellers.push_back([t = s->turn.get()] { t->cancel(); });

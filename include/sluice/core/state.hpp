@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -127,6 +128,32 @@ public:
         return served_;
     }
 
+    /// The batch stage records where each batch it sends ends, in sending order; the
+    /// pipeline takes one per item the trainer takes (the stages after batch give one
+    /// item per batch: to_device, map), so batches of any type have a position.
+    void push_stamp(stream_point p) {
+        std::lock_guard lock(m_);
+        stamps_.push_back(p);
+    }
+    std::optional<stream_point> pop_stamp() {
+        std::lock_guard lock(m_);
+        if (stamps_.empty()) return std::nullopt;
+        auto p = stamps_.front();
+        stamps_.pop_front();
+        return p;
+    }
+    /// A stage whose items do not say which epoch they belong to (a user type without a
+    /// `source` shard) cannot keep epochs apart, so positions mean nothing: state() then
+    /// refuses, naming it.
+    void epochs_unknown(const std::string& why) {
+        std::lock_guard lock(m_);
+        if (unknown_.empty()) unknown_ = why;
+    }
+    std::string why_unknown() const {
+        std::lock_guard lock(m_);
+        return unknown_;
+    }
+
     /// The blob for a pipeline that has delivered up to `at`.
     std::string serialize(stream_point at) const {
         std::lock_guard lock(m_);
@@ -187,6 +214,8 @@ private:
     std::map<std::string, std::string> notes_;
     std::map<std::uint32_t, std::uint64_t> epoch_records_;
     std::optional<replay> request_;
+    std::deque<stream_point> stamps_;
+    std::string unknown_;
     bool full_replay_ = false;
     bool served_ = false;
 };

@@ -5,10 +5,11 @@
 // read from local disk; a miss streams from the source as usual and is written here as
 // it arrives. Layout: one file per object, named by a hash of its URL and its file name.
 //  - Atomic: an object is written to a temporary file (".tmp-..."), ends with a trailer
-//    that records its size, and is renamed into place only when complete. A crash leaves
-//    at most a temporary file (removed by a later eviction once stale), never a cached
-//    object that is later served; a copy whose trailer does not match (cut short on a
-//    power loss) is discarded and fetched again.
+//    that records its size, is flushed to disk (fdatasync) and only then renamed into
+//    place. A crash leaves at most a temporary file (removed by a later eviction once
+//    stale), never a cached object that is later served; a copy whose trailer does not
+//    match (cut short by hand, or by a file system that lost the flush) is discarded and
+//    fetched again.
 //  - Bounded: after each new object, the least recently used objects (by modification
 //    time, which each hit refreshes) are removed until the cache holds at most max_bytes.
 //    Eviction holds an exclusive flock() on "<dir>/.lock", so processes sharing the
@@ -108,7 +109,8 @@ public:
     std::string path_for(const std::string& url) const {
         char hex[17];
         std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash64(url)));
-        std::string name = url.substr(url.find_last_of('/') + 1);
+        const std::string shown = source_error::redact(url);  // no user:password@ or query in a file name
+        std::string name = shown.substr(shown.find_last_of('/') + 1);
         if (const auto q = name.find('?'); q != std::string::npos) name.erase(q);
         for (auto& c : name)
             if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') c = '_';
@@ -196,8 +198,8 @@ public:
             const std::span<const std::byte> tb(reinterpret_cast<const std::byte*>(t), trailer_size);
             write(tb, size);
             if (failed_) return false;
-            if (::ftruncate(fd_, static_cast<off_t>(size + trailer_size)) != 0) {
-                fail(errno, size);
+            if (::ftruncate(fd_, static_cast<off_t>(size + trailer_size)) != 0 || ::fdatasync(fd_) != 0) {
+                fail(errno, size);  // on disk before it has its name: a power loss cannot leave it half written
                 return false;
             }
             ::close(fd_);

@@ -72,6 +72,14 @@ struct fetch_options {
 namespace detail {
 
 
+/// Continues the coroutine on `ex` (its wake-ups still go to its own executor).
+struct switch_to {
+    executor ex;
+    bool await_ready() const noexcept { return false; }
+    void await_suspend(std::coroutine_handle<> h) { resume_on(ex, h); }
+    void await_resume() const noexcept {}
+};
+
 /// Waits on the coroutine's executor.
 struct sleep_for {
     std::chrono::steady_clock::duration d;
@@ -442,7 +450,12 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
                 throw source_error(src->url, "cannot fetch (" + std::to_string(offset) + " of " + std::to_string(total) +
                                                  " bytes arrived)", {}, offset);
             if (copy) {
-                if (!copy->commit(offset) && !copy->failed()) cache_skipped.fetch_add(1, std::memory_order_relaxed);
+                // Flushing to disk and evicting block: on the CPU pool, not the I/O loop
+                // every transfer of the process shares.
+                co_await switch_to{ctx.rt.executor_for(pool::cpu)};
+                const bool placed = copy->commit(offset);
+                co_await switch_to{ctx.rt.executor_for(pool::io)};
+                if (!placed && !copy->failed()) cache_skipped.fetch_add(1, std::memory_order_relaxed);
                 cache_failures.store(cache->failures.load(std::memory_order_relaxed), std::memory_order_relaxed);
                 cache_evictions.store(cache->evictions.load(std::memory_order_relaxed), std::memory_order_relaxed);
                 copy.reset();

@@ -120,9 +120,15 @@ task<void> batch_worker(stage_context<T, Out>& ctx, batch_options o, F collate) 
         if (ctx.run->served()) position = ctx.run->resume()->position;
         else skip_below = ctx.run->resume()->position;
     }
+    if constexpr (!has_epoch<T>)
+        if (ctx.run)
+            ctx.run->epochs_unknown("the items reaching batch do not say which epoch they belong to; give them a "
+                                    "`std::shared_ptr<const sluice::shard> source` member (copied from the record or "
+                                    "sample they came from)");
     auto flush = [&]() -> Out {
         Out out = collate(group, epoch.value_or(0), position);
         group.clear();
+        if (ctx.run) ctx.run->push_stamp({epoch.value_or(0), position});  // see pipeline::state()
         return out;
     };
     while (auto item = co_await ctx.in.next()) {

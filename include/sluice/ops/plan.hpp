@@ -76,10 +76,12 @@ inline void write_record_counts(const std::string& path, const record_counts& co
 
 /// Counts the records each shard yields by running `src` (a pipeline ending at a decoder:
 /// list | plan | read or fetch | lines, tfrecord, webdataset...) once, with one epoch and
-/// one rank. Shards that yield nothing are counted as 0.
+/// one rank. `urls` (sluice::expand of the same patterns) are counted as 0 when they
+/// yield nothing, so an empty shard has its count too.
 template <class T>
-record_counts count_records(source<T> src, pipeline_options po = {}) {
+record_counts count_records(source<T> src, const std::vector<std::string>& urls = {}, pipeline_options po = {}) {
     record_counts out;
+    for (auto& u : urls) out[u] = 0;
     pipeline<T> p(std::move(src), std::move(po));
     std::string last_url;
     std::uint64_t* last = nullptr;
@@ -169,7 +171,8 @@ struct plan_options {
     sluice::share share = share::drop;
     /// Records per shard (read_record_counts, count_records). Needed for equal shares
     /// with world > 1; with them a resumed pipeline reads only what it still needs, and
-    /// decoders check every shard holds the records it should.
+    /// decoders check every shard holds the records it should (so a corrupt record
+    /// skipped under on_corrupt::skip is then an error: the counts no longer hold).
     std::shared_ptr<const record_counts> counts = nullptr;
 };
 

@@ -48,17 +48,18 @@ struct shuffle_resume {
     bool drained = false;
 };
 
-/// `total`: the epoch's item count, needed only when the position lies in the final
-/// drain; nullopt when it does and the count is unknown.
+/// `total`: the epoch's item count (without it, whether the position lies in the final
+/// drain cannot be told: nullopt). Nullopt too for a position past the epoch's end.
 inline std::optional<shuffle_resume> replay_shuffle(const shuffle_options& o, stream_point at,
                                                     std::optional<std::uint64_t> total) {
+    if (!total) return std::nullopt;
     shuffle_resume st;
     st.epoch = at.epoch;
     st.r = shuffle_rng(o, at.epoch);
     std::uint64_t sent = 0;
     auto& held = st.slots;
     while (sent < at.position) {
-        if (total && st.next_in == *total) {  // the drain: a shuffle of what is held, sent in order
+        if (st.next_in == *total) {  // the drain: a shuffle of what is held, sent in order
             shuffle(held, st.r);
             const std::uint64_t more = at.position - sent;
             if (more > held.size()) return std::nullopt;  // the saved position is past the epoch's end
@@ -72,13 +73,17 @@ inline std::optional<shuffle_resume> replay_shuffle(const shuffle_options& o, st
             held.pop_back();
             ++sent;
         }
-        if (!total && st.next_in > at.position + o.buffer + 1) return std::nullopt;
     }
     return st;
 }
 
 template <class T>
 task<void> shuffle_worker(stage_context<T, T>& ctx, shuffle_options o) {
+    if constexpr (!has_epoch<T>)  // one buffer across epochs: no per-epoch replay
+        if (ctx.run)
+            ctx.run->epochs_unknown("the items reaching shuffle do not say which epoch they belong to; give them a "
+                                    "`std::shared_ptr<const sluice::shard> source` member (copied from the record or "
+                                    "sample they came from)");
     std::vector<T> held;
     held.reserve(std::min<std::size_t>(o.buffer + 1, 1 << 16));
     std::size_t held_bytes = 0;
@@ -144,13 +149,15 @@ task<void> shuffle_worker(stage_context<T, T>& ctx, shuffle_options o) {
 }
 
 /// Works out, on resume, what the shuffle held and asks the stages above for it (see
-/// core/state.hpp); with max_bytes, or without the epoch's record count when the cut lies
-/// in the final drain, it cannot, and the epoch is read again from its start.
-inline void shuffle_setup(const shuffle_options& o, stage_setup& s) {
+/// core/state.hpp); with max_bytes, or without the epoch's record count, it cannot, and
+/// the epoch is read again from its start. Only for items that know their epoch (records,
+/// samples): a shuffle of anything else makes state() refuse (see shuffle_worker).
+template <class T>
+void shuffle_setup(const shuffle_options& o, stage_setup& s) {
     s.run.note("shuffle", "buffer=" + std::to_string(o.buffer) + " max_bytes=" + std::to_string(o.max_bytes) +
                               " seed=" + std::to_string(o.seed));
     auto at = s.run.resume();
-    if (!at) return;
+    if (!at || !has_epoch<T>) return;
     std::optional<shuffle_resume> st;
     if (o.max_bytes == 0) st = replay_shuffle(o, *at, s.run.epoch_records(at->epoch));
     if (!st) {
@@ -179,7 +186,7 @@ inline void shuffle_setup(const shuffle_options& o, stage_setup& s) {
 inline auto shuffle(shuffle_options o = {}) {
     auto make = [o]<class T>() {
         return make_stage<T, T>(
-            "shuffle", {.on = pool::cpu, .buffer = o.out}, [o](stage_setup& s) { detail::shuffle_setup(o, s); },
+            "shuffle", {.on = pool::cpu, .buffer = o.out}, [o](stage_setup& s) { detail::shuffle_setup<T>(o, s); },
             [o](stage_context<T, T>& ctx) { return detail::shuffle_worker<T>(ctx, o); });
     };
     return detail::deferred<decltype(make)>{make};

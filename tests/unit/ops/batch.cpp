@@ -4,6 +4,7 @@
 
 #include <sluice/core/pipeline.hpp>
 #include <sluice/ops/from.hpp>
+#include <sluice/ops/map.hpp>
 
 namespace {
 std::vector<sluice::record> records(const std::vector<std::string>& texts) {
@@ -101,4 +102,37 @@ TEST_CASE("batches never mix epochs and carry where they end in the sequence", "
             REQUIRE(got == std::vector<std::pair<std::uint32_t, std::uint64_t>>{
                                {0, 4}, {0, 8}, {0, 10}, {1, 4}, {1, 8}, {1, 10}});
     }
+}
+
+namespace {
+struct tagged {
+    std::shared_ptr<const sluice::shard> source;
+    int value;
+};
+}  // namespace
+
+TEST_CASE("batches of the user's own type have a position when their items carry their shard", "[batch]") {
+    std::vector<sluice::record> rs;
+    for (std::uint32_t e = 0; e < 2; ++e) {
+        auto s = std::make_shared<const sluice::shard>(sluice::shard{"f", e, 0});
+        for (int i = 0; i < 6; ++i) rs.push_back({sluice::bytes::copy_of("x"), s, std::uint64_t(i), 0});
+    }
+    auto sum = [](std::vector<tagged>& v) {
+        int n = 0;
+        for (auto& t : v) n += t.value;
+        return n;
+    };
+    sluice::pipeline p(sluice::from(rs) | sluice::map([](sluice::record r) { return tagged{r.source, 1}; }) |
+                       sluice::batch({.size = 4}, sum));
+    std::vector<int> sizes;
+    for (int i = 0; i < 3; ++i) sizes.push_back(*p.next_blocking());
+    REQUIRE(sizes == std::vector<int>{4, 2, 4});  // epoch 0: 4 + 2, then epoch 1
+    const auto state = p.state();
+    REQUIRE(state.find("epoch 1\nposition 4\n") != std::string::npos);
+
+    // Items that do not say their epoch: state() says why it cannot.
+    sluice::pipeline q(sluice::from(rs) | sluice::map([](sluice::record) { return 1; }) |
+                       sluice::batch({.size = 4}, [](std::vector<int>& v) { return v.size(); }));
+    REQUIRE(q.next_blocking());
+    REQUIRE_THROWS_WITH(q.state(), Catch::Contains("the items reaching batch do not say which epoch they belong to"));
 }

@@ -192,3 +192,13 @@ TEST_CASE("a replay takes only the positions asked for, across shard boundaries"
     for (std::size_t p = 12; p < order.size(); ++p) expected.push_back(order[p]);
     REQUIRE(got == expected);
 }
+
+TEST_CASE("count_records counts each shard's records, empty shards as 0", "[plan]") {
+    auto a = std::make_shared<const sluice::shard>(sluice::shard{"d/a", 0, 0});
+    auto b = std::make_shared<const sluice::shard>(sluice::shard{"d/b", 0, 1});
+    std::vector<sluice::record> rs;
+    for (int i = 0; i < 3; ++i) rs.push_back({sluice::bytes::copy_of("x"), a, std::uint64_t(i), 0});
+    rs.push_back({sluice::bytes::copy_of("y"), b, 0, 0});
+    auto n = sluice::count_records(sluice::from(std::move(rs)), {"d/a", "d/b", "d/empty"});
+    REQUIRE(n == sluice::record_counts{{"d/a", 3}, {"d/b", 1}, {"d/empty", 0}});
+}

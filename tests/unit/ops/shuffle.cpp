@@ -118,6 +118,9 @@ TEST_CASE("replaying the shuffle's choices finds exactly what it held at any pos
         REQUIRE(sent.size() + held.size() == st->next_in);
         if (st->drained) REQUIRE(std::vector<std::uint64_t>(live.begin() + at, live.end()) == st->slots);
     }
-    // In the final drain without the epoch's size it cannot know: it says so.
+    // Past the epoch's end, or without the epoch's size (it cannot tell whether the
+    // position lies in the final drain), it says it cannot.
     REQUIRE_FALSE(sluice::detail::replay_shuffle(o, {0, 290}, 280));
+    REQUIRE_FALSE(sluice::detail::replay_shuffle(o, {0, 10}, std::nullopt));
+    REQUIRE_FALSE(sluice::detail::replay_shuffle(o, {0, 295}, std::nullopt));
 }
