@@ -104,12 +104,12 @@ TEST_CASE("batches never mix epochs and carry where they end in the sequence", "
     }
 }
 
-namespace {
-struct tagged {
+// Not in an anonymous namespace: a stage's coroutine frame holding it would have no
+// linkage (g++'s -Wsubobject-linkage).
+struct batch_test_tagged {
     std::shared_ptr<const sluice::shard> source;
     int value;
 };
-}  // namespace
 
 TEST_CASE("batches of the user's own type have a position when their items carry their shard", "[batch]") {
     std::vector<sluice::record> rs;
@@ -117,12 +117,12 @@ TEST_CASE("batches of the user's own type have a position when their items carry
         auto s = std::make_shared<const sluice::shard>(sluice::shard{"f", e, 0});
         for (int i = 0; i < 6; ++i) rs.push_back({sluice::bytes::copy_of("x"), s, std::uint64_t(i), 0});
     }
-    auto sum = [](std::vector<tagged>& v) {
+    auto sum = [](std::vector<batch_test_tagged>& v) {
         int n = 0;
         for (auto& t : v) n += t.value;
         return n;
     };
-    sluice::pipeline p(sluice::from(rs) | sluice::map([](sluice::record r) { return tagged{r.source, 1}; }) |
+    sluice::pipeline p(sluice::from(rs) | sluice::map([](sluice::record r) { return batch_test_tagged{r.source, 1}; }) |
                        sluice::batch({.size = 4}, sum));
     std::vector<int> sizes;
     for (int i = 0; i < 3; ++i) sizes.push_back(*p.next_blocking());
