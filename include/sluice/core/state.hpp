@@ -96,9 +96,7 @@ public:
     }
     std::optional<std::uint64_t> epoch_records(std::uint32_t epoch) const {
         std::lock_guard lock(m_);
-        if (auto it = epoch_records_.find(epoch); it != epoch_records_.end()) return it->second;
-        if (resume_ && saved_records_ && resume_->epoch == epoch) return saved_records_;
-        return std::nullopt;
+        return records_locked(epoch);
     }
 
     /// Set at setup by the stage nearest the consumer that knows the order (see replay).
@@ -161,15 +159,18 @@ public:
         o << "sluice-state 1\n";
         o << "epoch " << at.epoch << "\n";
         o << "position " << at.position << "\n";
-        if (auto it = epoch_records_.find(at.epoch); it != epoch_records_.end())
-            o << "epoch_records " << it->second << "\n";
-        else if (resume_ && saved_records_ && resume_->epoch == at.epoch)
-            o << "epoch_records " << *saved_records_ << "\n";
+        if (auto n = records_locked(at.epoch)) o << "epoch_records " << *n << "\n";
         for (auto& [k, v] : notes_) o << "note " << k << " " << v << "\n";
         return o.str();
     }
 
 private:
+    std::optional<std::uint64_t> records_locked(std::uint32_t epoch) const {
+        if (auto it = epoch_records_.find(epoch); it != epoch_records_.end()) return it->second;
+        if (resume_ && saved_records_ && resume_->epoch == epoch) return saved_records_;
+        return std::nullopt;
+    }
+
     void parse(const std::string& blob) {
         std::istringstream in(blob);
         std::string line;

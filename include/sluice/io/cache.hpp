@@ -77,12 +77,6 @@ struct cache_options {
 
 namespace detail {
 
-inline std::uint64_t hash64(std::string_view s) noexcept {
-    std::uint64_t h = 0xcbf29ce484222325ULL;
-    for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
-    return mix(h, s.size());
-}
-
 /// One cache directory as this process uses it.
 class local_cache {
 public:
@@ -108,7 +102,7 @@ public:
     /// Where the copy of `url` lives.
     std::string path_for(const std::string& url) const {
         char hex[17];
-        std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash64(url)));
+        std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(mix(fnv1a(fnv_offset, url), url.size())));
         const std::string shown = source_error::redact(url);  // no user:password@ or query in a file name
         std::string name = shown.substr(shown.find_last_of('/') + 1);
         if (const auto q = name.find('?'); q != std::string::npos) name.erase(q);

@@ -290,11 +290,6 @@ inline std::vector<shard> replay_part(const std::vector<shard>& plan, const run_
     return out;
 }
 
-inline std::uint64_t fnv1a(std::uint64_t h, std::string_view s) {
-    for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
-    return (h ^ 0xff) * 0x100000001b3ULL;
-}
-
 }  // namespace detail
 
 /// Takes: paths or URLs (from list). Gives: shards ({url, epoch, index} and, with
@@ -313,7 +308,6 @@ inline std::uint64_t fnv1a(std::uint64_t h, std::string_view s) {
 inline stage<std::string, shard> plan(plan_options o = {}) {
     struct plan_state {
         detail::plan_split split;
-        bool serve = false;
     };
     auto setup = [o](stage_setup& s) {
         auto st = std::make_shared<plan_state>();
@@ -330,10 +324,7 @@ inline stage<std::string, shard> plan(plan_options o = {}) {
         s.run.note("plan", std::string("seed=") + (o.seed ? std::to_string(*o.seed) : "none") +
                                " rank=" + std::to_string(sp.rank) + " world=" + std::to_string(sp.world) +
                                " share=" + std::to_string(int(o.share)));
-        if (s.run.resume() && o.counts && s.run.requested()) {
-            st->serve = true;
-            s.run.serve();
-        }
+        if (s.run.resume() && o.counts && s.run.requested()) s.run.serve();
         s.state = st;
     };
     return make_stage<std::string, shard>(
@@ -346,7 +337,7 @@ inline stage<std::string, shard> plan(plan_options o = {}) {
             if (o.counts) counts = detail::counts_for(urls, *o.counts);
             // The data must be the same on resume: the listing. (Counts are checked by the
             // decoders, shard by shard; a state saved without them resumes with them.)
-            std::uint64_t h = 0xcbf29ce484222325ULL;
+            std::uint64_t h = detail::fnv_offset;
             for (auto& u : urls) h = detail::fnv1a(h, u);
             char hex[17];
             std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
@@ -355,7 +346,7 @@ inline stage<std::string, shard> plan(plan_options o = {}) {
             std::optional<run_state::replay> replay;
             if (auto at = ctx.run->resume()) {
                 e = at->epoch;
-                if (st->serve) replay = ctx.run->requested();
+                if (ctx.run->served()) replay = ctx.run->requested();
             }
             for (; e < o.epochs; ++e) {
                 std::optional<std::uint64_t> records;

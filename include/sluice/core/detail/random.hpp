@@ -4,6 +4,7 @@
 // standard library would not give the same shuffle on every platform; this does.
 
 #include <cstdint>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -61,6 +62,14 @@ void shuffle(std::vector<T>& v, rng& r) {
 inline std::uint64_t mix(std::uint64_t a, std::uint64_t b) noexcept {
     std::uint64_t x = a ^ (b * 0x9e3779b97f4a7c15ULL);
     return splitmix64(x);
+}
+
+/// FNV-1a of `s` continuing from `h` (start from fnv_offset), with a separator so that
+/// hashing "ab","c" and "a","bc" in turn differ: names in file names and state notes.
+inline constexpr std::uint64_t fnv_offset = 0xcbf29ce484222325ULL;
+inline std::uint64_t fnv1a(std::uint64_t h, std::string_view s) noexcept {
+    for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
+    return (h ^ 0xff) * 0x100000001b3ULL;
 }
 
 }  // namespace sluice::detail
