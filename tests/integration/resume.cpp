@@ -163,42 +163,52 @@ TEST_CASE("ranks from RANK and WORLD_SIZE take disjoint, equal shares that cover
 TEST_CASE("4 processes with RANK and WORLD_SIZE read one dataset from nginx: union is the dataset, no overlap, equal batches", "[ranks][http]") {
     dataset d({"--files", "13", "--records", "200", "--uneven", "--vary", "--seed", "9"});
     sluice_test::nginx_server nginx(d.dir / "data");
-    sluice_test::temp_dir out;
-    std::vector<std::unique_ptr<sluice_test::child>> procs;
-    for (int rank = 0; rank < 4; ++rank)
-        procs.push_back(std::make_unique<sluice_test::child>(
-            std::vector<std::string>{"/usr/bin/env", "RANK=" + std::to_string(rank), "WORLD_SIZE=4", SLUICE_PROBE,
-                                     "--quiet", "--json", "--seed", "3", "--shuffle", "100", "--epochs", "2", "--batch",
-                                     "16", "--counts", d.counts, "--emit-keys", out / ("keys" + std::to_string(rank)),
-                                     nginx.url(d.pattern())},
-            out / ("out" + std::to_string(rank)), out / ("err" + std::to_string(rank))));
-    std::set<std::uint64_t> batches;
-    std::multiset<std::string> epoch0, epoch1;
     const std::uint64_t total = json_u64(d.summary, "records");
-    for (int rank = 0; rank < 4; ++rank) {
-        INFO(slurp_file(out / ("err" + std::to_string(rank))));
-        REQUIRE(procs[rank]->wait() == 0);
-        const auto json = slurp_file(out / ("out" + std::to_string(rank)));
-        batches.insert(json_u64(json, "batches"));
-        auto k = lines_of(out / ("keys" + std::to_string(rank)));
-        REQUIRE(k.size() == 2 * (total / 4));
-        epoch0.insert(k.begin(), k.begin() + k.size() / 2);
-        epoch1.insert(k.begin() + k.size() / 2, k.end());
-    }
-    REQUIRE(batches.size() == 1);
     // 13 shards of 120..280 records, 2,480 in all: divisible by 4, so share::drop leaves
     // nothing out and the union must be the dataset itself, as one process reads it.
     REQUIRE(total % 4 == 0);
+    sluice_test::temp_dir out;
     auto r = run({"/usr/bin/env", "-u", "RANK", "-u", "WORLD_SIZE", SLUICE_PROBE, "--quiet", "--emit-keys",
                   out / "all", nginx.url(d.pattern())});
     REQUIRE(r.status == 0);
     const auto all = lines_of(out / "all");
     const std::set<std::string> dataset(all.begin(), all.end());
     REQUIRE(dataset.size() == total);
-    for (auto* e : {&epoch0, &epoch1}) {
-        std::set<std::string> distinct(e->begin(), e->end());
-        REQUIRE(distinct.size() == e->size());  // no record on two ranks
-        REQUIRE(distinct == dataset);           // together, every record
+    // Deterministic: each rank's keys split exactly into its two epochs. Default (fetch
+    // unordered, objects as they complete): an epoch's last records may reach a rank
+    // after the next epoch's first, so only the two epochs together are checked there.
+    for (bool deterministic : {true, false}) {
+        INFO((deterministic ? "deterministic" : "unordered fetch"));
+        std::vector<std::unique_ptr<sluice_test::child>> procs;
+        for (int rank = 0; rank < 4; ++rank) {
+            std::vector<std::string> argv{"/usr/bin/env", "RANK=" + std::to_string(rank), "WORLD_SIZE=4", SLUICE_PROBE,
+                                          "--quiet", "--json", "--seed", "3", "--shuffle", "100", "--epochs", "2",
+                                          "--batch", "16", "--counts", d.counts, "--emit-keys",
+                                          out / ("keys" + std::to_string(rank)), nginx.url(d.pattern())};
+            if (deterministic) argv.push_back("--deterministic");
+            procs.push_back(std::make_unique<sluice_test::child>(argv, out / ("out" + std::to_string(rank)),
+                                                                 out / ("err" + std::to_string(rank))));
+        }
+        std::set<std::uint64_t> batches;
+        std::multiset<std::string> epoch0, epoch1, both;
+        for (int rank = 0; rank < 4; ++rank) {
+            INFO(slurp_file(out / ("err" + std::to_string(rank))));
+            REQUIRE(procs[rank]->wait() == 0);
+            batches.insert(json_u64(slurp_file(out / ("out" + std::to_string(rank))), "batches"));
+            auto k = lines_of(out / ("keys" + std::to_string(rank)));
+            REQUIRE(k.size() == 2 * (total / 4));
+            epoch0.insert(k.begin(), k.begin() + k.size() / 2);
+            epoch1.insert(k.begin() + k.size() / 2, k.end());
+            both.insert(k.begin(), k.end());
+        }
+        REQUIRE(batches.size() == 1);  // every rank steps the same number of times
+        for (auto& key : dataset) REQUIRE(both.count(key) == 2);  // every record once an epoch
+        if (!deterministic) continue;
+        for (auto* e : {&epoch0, &epoch1}) {
+            std::set<std::string> distinct(e->begin(), e->end());
+            REQUIRE(distinct.size() == e->size());  // no record on two ranks
+            REQUIRE(distinct == dataset);           // together, every record
+        }
     }
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <optional>
 #include <memory>
 #include <span>
@@ -109,44 +110,59 @@ inline std::function<void(stage_setup&)> batch_setup(const batch_options& o) {
 // `collate(group, epoch, position)` makes one output.
 template <class T, class Out, class F>
 task<void> batch_worker(stage_context<T, Out>& ctx, batch_options o, F collate) {
-    std::vector<T> group;
     const std::size_t n = o.size ? o.size : 1;
-    group.reserve(n);
-    std::optional<std::uint32_t> epoch;
-    std::uint64_t position = 0;    // records of `epoch` seen
-    std::uint64_t skip_below = 0;  // on resume without a replay plan: already delivered
+    // Each open epoch: its partial batch and how many of its records arrived. In order
+    // (deterministic) one is open at a time. With an unordered stage above, an epoch's
+    // last records can arrive after the next epoch's first; when the epoch's size is known
+    // (plan with record counts) its group stays open until all have arrived, so every
+    // epoch still gives exactly ceil(size / n) batches (floor with drop_last) on every
+    // rank, whatever the timing.
+    struct open_epoch {
+        std::vector<T> group;
+        std::uint64_t seen = 0;       // records of the epoch arrived (= its position)
+        std::uint64_t skip_below = 0;  // on resume without a replay plan: already delivered
+    };
+    std::map<std::uint32_t, open_epoch> open;
     if (ctx.run && ctx.run->resume()) {
-        epoch = ctx.run->resume()->epoch;
-        if (ctx.run->served()) position = ctx.run->resume()->position;
-        else skip_below = ctx.run->resume()->position;
+        auto& r = open[ctx.run->resume()->epoch];
+        if (ctx.run->served()) r.seen = ctx.run->resume()->position;
+        else r.skip_below = ctx.run->resume()->position;
     }
     if constexpr (!has_epoch<T>)
         if (ctx.run)
             ctx.run->epochs_unknown("the items reaching batch do not say which epoch they belong to; give them a "
                                     "`std::shared_ptr<const sluice::shard> source` member (copied from the record or "
                                     "sample they came from)");
-    auto flush = [&]() -> Out {
-        Out out = collate(group, epoch.value_or(0), position);
-        group.clear();
-        if (ctx.run) ctx.run->push_stamp({epoch.value_or(0), position});  // see pipeline::state()
+    auto flush = [&](std::uint32_t e, open_epoch& g) -> Out {
+        Out out = collate(g.group, e, g.seen);
+        g.group.clear();
+        if (ctx.run) ctx.run->push_stamp({e, g.seen});  // see pipeline::state()
         return out;
     };
+    auto size_of = [&](std::uint32_t e) { return ctx.run ? ctx.run->epoch_records(e) : std::nullopt; };
     while (auto item = co_await ctx.in.next()) {
-        if (auto e = epoch_of(*item)) {
-            if (epoch && *e != *epoch) {
-                if (!group.empty() && !o.drop_last) co_await ctx.out.send(flush());
-                group.clear();
-                position = 0;
-                skip_below = 0;
+        const std::uint32_t e = epoch_of(*item).value_or(0);
+        // Size unknown: an epoch ends when a later one begins.
+        if (!size_of(e))
+            while (!open.empty() && open.begin()->first < e) {
+                auto& [f, g] = *open.begin();
+                if (!g.group.empty() && !o.drop_last) co_await ctx.out.send(flush(f, g));
+                open.erase(open.begin());
             }
-            epoch = *e;
+        auto& g = open[e];
+        ++g.seen;
+        if (g.seen > g.skip_below) {
+            g.group.reserve(n);
+            g.group.push_back(std::move(*item));
+            if (g.group.size() == n) co_await ctx.out.send(flush(e, g));
         }
-        ++position;
-        if (position <= skip_below) continue;
-        group.push_back(std::move(*item));
-        if (group.size() == n) co_await ctx.out.send(flush());
+        if (auto size = size_of(e); size && g.seen >= *size) {  // the epoch's last record
+            if (!g.group.empty() && !o.drop_last) co_await ctx.out.send(flush(e, g));
+            open.erase(e);
+        }
     }
-    if (!group.empty() && !o.drop_last) co_await ctx.out.send(flush());
+    for (auto& [e, g] : open)
+        if (!g.group.empty() && !o.drop_last) co_await ctx.out.send(flush(e, g));
 }
 }  // namespace detail
 

@@ -127,6 +127,12 @@ task<void> shuffle_worker(stage_context<T, T>& ctx, shuffle_options o) {
         // Each epoch is shuffled on its own, from a seed of (seed, epoch): its order does
         // not depend on the epochs before it, and a batch never waits on the next epoch.
         const std::uint32_t e = epoch_of(*item).value_or(0);
+        if (epoch && e < *epoch) {
+            // A late record of an epoch already drained (only with an unordered stage
+            // above): on downstream, where batch still counts it in its own epoch.
+            co_await ctx.out.send(std::move(*item));
+            continue;
+        }
         if (epoch != e) {
             if (epoch) co_await drain();
             epoch = e;

@@ -6,6 +6,8 @@
 #include <sluice/ops/from.hpp>
 #include <sluice/ops/map.hpp>
 
+#include <map>
+
 namespace {
 std::vector<sluice::record> records(const std::vector<std::string>& texts) {
     auto s = std::make_shared<const sluice::shard>(sluice::shard{"f", 0, 0});
@@ -135,4 +137,34 @@ TEST_CASE("batches of the user's own type have a position when their items carry
                        sluice::batch({.size = 4}, [](std::vector<int>& v) { return v.size(); }));
     REQUIRE(q.next_blocking());
     REQUIRE_THROWS_WITH(q.state(), Catch::Contains("the items reaching batch do not say which epoch they belong to"));
+}
+
+TEST_CASE("with epoch sizes known, late records of an epoch still join its batches (unordered stages above)", "[batch]") {
+    auto e0 = std::make_shared<const sluice::shard>(sluice::shard{"f", 0, 0});
+    auto e1 = std::make_shared<const sluice::shard>(sluice::shard{"f", 1, 0});
+    std::vector<sluice::record> rs;
+    auto add = [&](const std::shared_ptr<const sluice::shard>& s, int from, int to) {
+        for (int i = from; i < to; ++i) rs.push_back({sluice::bytes::copy_of("x"), s, std::uint64_t(i), 0});
+    };
+    add(e0, 0, 10), add(e1, 0, 3), add(e0, 10, 12), add(e1, 3, 10);  // epoch 0's last two arrive late
+    // What plan publishes when it has record counts: each epoch's size.
+    auto sizes = sluice::make_stage<sluice::record, sluice::record>(
+        "sizes", {},
+        [](sluice::stage_setup& s) {
+            s.run.set_epoch_records(0, 12);
+            s.run.set_epoch_records(1, 10);
+        },
+        [](sluice::stage_context<sluice::record, sluice::record>& ctx) -> sluice::task<void> {
+            while (auto r = co_await ctx.in.next()) co_await ctx.out.send(std::move(*r));
+        });
+    for (bool drop : {false, true}) {
+        std::map<std::uint32_t, std::vector<std::size_t>> sizes_by_epoch;
+        for (auto& b : sluice::pipeline(sluice::from(rs) | sizes | sluice::batch({.size = 4, .drop_last = drop}))) {
+            for (auto& src : b.sources) REQUIRE(src->epoch == b.epoch);
+            sizes_by_epoch[b.epoch].push_back(b.size());
+        }
+        REQUIRE(sizes_by_epoch[0] == std::vector<std::size_t>{4, 4, 4});
+        if (drop) REQUIRE(sizes_by_epoch[1] == std::vector<std::size_t>{4, 4});
+        else REQUIRE(sizes_by_epoch[1] == std::vector<std::size_t>{4, 4, 2});
+    }
 }

@@ -124,3 +124,17 @@ TEST_CASE("replaying the shuffle's choices finds exactly what it held at any pos
     REQUIRE_FALSE(sluice::detail::replay_shuffle(o, {0, 10}, std::nullopt));
     REQUIRE_FALSE(sluice::detail::replay_shuffle(o, {0, 295}, std::nullopt));
 }
+
+TEST_CASE("a late record of an epoch already drained passes on, not lost and not restarting that epoch", "[shuffle]") {
+    auto rs = epoch_records(2, 100);
+    // Move epoch 0's last 10 records after epoch 1's first 50 (as an unordered fetch may).
+    std::vector<sluice::record> in(rs.begin(), rs.begin() + 90);
+    in.insert(in.end(), rs.begin() + 100, rs.begin() + 150);
+    in.insert(in.end(), rs.begin() + 90, rs.begin() + 100);
+    in.insert(in.end(), rs.begin() + 150, rs.end());
+    std::multiset<std::pair<std::uint32_t, std::uint64_t>> got;
+    for (auto& r : sluice::pipeline(sluice::from(std::move(in)) | sluice::shuffle({.buffer = 20, .seed = 1})))
+        got.insert({r.source->epoch, r.index});
+    REQUIRE(got.size() == 200);
+    REQUIRE(std::set<std::pair<std::uint32_t, std::uint64_t>>(got.begin(), got.end()).size() == 200);
+}
