@@ -11,7 +11,9 @@ purpose, each fault drawn per request from a seeded generator:
   --no-ranges    ignore Range headers (answer 200 with the whole object)
   --flip NAME    the object NAME gets a new version (content and ETag) after its first
                  request has sent half of it
-Names starting with "forbidden" answer 403 (AccessDenied XML). It listens on 127.0.0.1 on
+Names starting with "forbidden" answer 403 (AccessDenied XML). GET /__stats answers
+"requests N concurrent_max M": requests so far, and the most answered at once since the
+last GET /__stats?reset (tests check that a client's requests in flight shrink). It listens on 127.0.0.1 on
 a free port and prints "port N" on stdout once it accepts connections. Stop it by pid.
 """
 import argparse
@@ -27,7 +29,7 @@ args = None
 lock = threading.Lock()
 rng = None
 flipped = set()
-stats = {"requests": 0}
+stats = {"requests": 0, "concurrent": 0, "concurrent_max": 0}
 
 
 def draw():
@@ -43,6 +45,9 @@ def xml_error(code, message):
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in separate writes: without TCP_NODELAY, Nagle's algorithm
+    # and the client's delayed ACK hold each short reply back about 40 ms.
+    disable_nagle_algorithm = True
 
     def log_message(self, *a):  # quiet
         pass
@@ -69,6 +74,26 @@ class Handler(BaseHTTPRequestHandler):
         self.do_GET(head=True)
 
     def do_GET(self, head=False):
+        if self.path.startswith("/__stats"):
+            with lock:
+                body = ("requests %d concurrent_max %d\n" % (stats["requests"], stats["concurrent_max"])).encode()
+                if "reset" in self.path:
+                    stats["concurrent_max"] = stats["concurrent"]
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        with lock:
+            stats["concurrent"] += 1
+            stats["concurrent_max"] = max(stats["concurrent_max"], stats["concurrent"])
+        try:
+            self.answer(head)
+        finally:
+            with lock:
+                stats["concurrent"] -= 1
+
+    def answer(self, head):
         if args.ttfb_ms:
             time.sleep(args.ttfb_ms / 1000.0)
         name = self.path.split("?")[0].lstrip("/")

@@ -29,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -100,6 +101,16 @@ struct waiter_queue {
         head = static_cast<W*>(w->next);
         if (!head) tail = nullptr;
         return w;
+    }
+    void remove(W* w) noexcept {  // a waiter that gave up
+        W* prev = nullptr;
+        for (W* p = head; p; prev = p, p = static_cast<W*>(p->next)) {
+            if (p != w) continue;
+            if (prev) prev->next = p->next;
+            else head = static_cast<W*>(p->next);
+            if (tail == p) tail = prev;
+            return;
+        }
     }
 };
 }  // namespace detail
@@ -193,14 +204,48 @@ public:
         return out;
     }
 
+    /// receive_blocking that gives up after `timeout`: empty then (and at the end).
+    std::optional<T> receive_blocking_for(std::chrono::milliseconds timeout,
+                                          std::atomic<std::uint64_t>* wait_ns = nullptr) {
+        std::optional<T> out;
+        std::unique_lock lock(m_);
+        std::exception_ptr err;
+        if (try_receive_locked(out, nullptr, err)) {
+            if (err) std::rethrow_exception(err);
+            return out;
+        }
+        std::condition_variable cv;
+        recv_waiter w;
+        w.cv = &cv;
+        w.slot = &out;
+        receivers_.push(&w);
+        const auto t0 = wait_ns ? detail::now_ns() : 0;
+        if (!cv.wait_for(lock, timeout, [&] { return w.woken; })) receivers_.remove(&w);
+        if (wait_ns) wait_ns->fetch_add(detail::now_ns() - t0, std::memory_order_relaxed);
+        if (!out && w.error) std::rethrow_exception(w.error);
+        return out;
+    }
+
     /// The consumer stops: drop what is buffered and wake everyone; later sends fail.
     void cancel() {
+        std::function<void()> hook;
+        {
+            std::lock_guard lock(m_);
+            if (cancelled_) return;
+            cancelled_ = true;
+            while (count_ > 0) pop_locked();
+            while (!senders_.empty()) senders_.pop()->wake();  // ok stays false
+            while (!receivers_.empty()) receivers_.pop()->wake();
+            hook = std::move(on_cancel_);
+        }
+        if (hook) hook();
+    }
+
+    /// Runs `f` once, on the thread that first cancels the channel (outside its lock): the
+    /// producing stage learns that its consumer is gone. Set before the channel is used.
+    void on_cancel(std::function<void()> f) {
         std::lock_guard lock(m_);
-        if (cancelled_) return;
-        cancelled_ = true;
-        while (count_ > 0) pop_locked();
-        while (!senders_.empty()) senders_.pop()->wake();  // ok stays false
-        while (!receivers_.empty()) receivers_.pop()->wake();
+        on_cancel_ = std::move(f);
     }
 
     // ---- observers -------------------------------------------------------------------
@@ -414,6 +459,7 @@ private:
     bool closed_ = false;
     bool cancelled_ = false;
     std::exception_ptr error_;
+    std::function<void()> on_cancel_;
     detail::waiter_queue<send_waiter> senders_;
     detail::waiter_queue<recv_waiter> receivers_;
 };

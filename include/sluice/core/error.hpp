@@ -59,4 +59,11 @@ private:
     std::uint64_t offset_;
 };
 
+namespace detail {
+/// Thrown inside a stage worker when the pipeline stops under it (a send to a cancelled
+/// channel, a cancelled turn, a stop during a transfer or a listing); the stage runner
+/// treats it as a clean stop, not an error.
+struct stopped {};
+}  // namespace detail
+
 }  // namespace sluice

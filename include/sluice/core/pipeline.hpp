@@ -51,7 +51,11 @@ public:
         : src_(std::move(src)), opts_(opts) {}
     pipeline(const pipeline&) = delete;
     pipeline& operator=(const pipeline&) = delete;
-    ~pipeline() { stop(); }
+    ~pipeline() {
+        stop();
+        std::lock_guard lock(anchor_->m);  // a suspended next() resuming later finds no pipeline
+        anchor_->p = nullptr;
+    }
 
     /// Start now instead of on first use.
     void start() {
@@ -63,9 +67,16 @@ public:
     /// error after the items produced before it.
     std::optional<T> next_blocking() {
         reader_guard guard(readers_);
-        auto& ch = channel_();
+        auto ch = channel_();  // shared: a stop() on another thread cannot free it under us
         if (last_return_ns_) detail::bump(consumer().wait_out_ns, detail::now_ns() - last_return_ns_);
-        auto got = ch.receive_blocking(&consumer().wait_in_ns);
+        std::optional<T> got;
+        if (ch->size() == 0 && !would_never_arrive(*ch).empty()) {
+            // Perhaps another thread is about to give something back: look again shortly.
+            got = ch->receive_blocking_for(std::chrono::milliseconds(500), &consumer().wait_in_ns);
+            if (!got && !ch->closed() && !ch->cancelled())
+                if (auto why = would_never_arrive(*ch); !why.empty()) throw error(why);
+        }
+        if (!got) got = ch->receive_blocking(&consumer().wait_in_ns);
         if (got) {
             detail::bump(consumer().items_in);
             detail::bump(consumer().bytes_in, byte_size_of(*got));
@@ -111,7 +122,7 @@ public:
         }
         if (!r) return;
         r->env.cancel_all();
-        // A receive on another thread may still be returning from the last channel.
+        // A next_blocking() on another thread may still be returning (it wakes at once).
         while (readers_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
         r->env.wait_idle();
         {
@@ -121,6 +132,7 @@ public:
         r->progress_cv.notify_all();
         if (r->progress.joinable()) r->progress.join();
         r->rt->join();
+        r->env.destroy_parked();
         auto f = figures_of(*r);
         std::lock_guard lock(m_);  // figures() may read it from another thread
         final_ = std::move(f);
@@ -158,9 +170,8 @@ public:
     iterator begin() { return iterator(this); }
     std::default_sentinel_t end() { return {}; }
 
-private:
-    // Counts callers inside next_blocking() or a pending next(): stop() waits for them
-    // before it frees the channel they use.
+    // Counts threads inside next_blocking(): stop() waits for them (they wake at once).
+    // Not coroutines in next(): their executor may be gone, so they would never leave.
     struct reader_guard {
         std::atomic<int>& n;
         explicit reader_guard(std::atomic<int>& c) : n(c) { n.fetch_add(1, std::memory_order_acq_rel); }
@@ -168,26 +179,40 @@ private:
         reader_guard(const reader_guard&) = delete;
         reader_guard& operator=(const reader_guard&) = delete;
     };
+    // What a suspended next() reaches its pipeline through: gone (null) once destroyed.
+    struct anchor {
+        std::mutex m;
+        pipeline* p;
+    };
 
 public:
     class next_op {
     public:
         explicit next_op(pipeline& p)
-            : p_(p), guard_(p.readers_), aw_(p.channel_().receive(&p.consumer().wait_in_ns)) {}
-        bool await_ready() { return aw_.await_ready(); }
+            : p_(p), anchor_(p.anchor_), ch_(p.channel_()), aw_(ch_->receive(&p.consumer().wait_in_ns)) {}
+        bool await_ready() {
+            if (ch_->size() == 0) why_ = p_.would_never_arrive(*ch_);
+            return !why_.empty() || aw_.await_ready();
+        }
         template <class P>
         void await_suspend(std::coroutine_handle<P> h) {
             aw_.await_suspend(h);
         }
         std::optional<T> await_resume() {
+            if (!why_.empty()) throw error(why_);
             auto got = aw_.await_resume();
-            if (got) p_.note_position(*got);
+            std::lock_guard lock(anchor_->m);
+            if (got && anchor_->p) p_.note_position(*got);
             return got;
         }
 
     private:
         pipeline& p_;
-        reader_guard guard_;
+        std::shared_ptr<anchor> anchor_;
+        // Shared: a stop() while this coroutine is suspended (or its executor is gone and
+        // it never resumes) cannot free the channel under it.
+        std::shared_ptr<channel<T>> ch_;
+        std::string why_;
         typename channel<T>::receive_awaiter aw_;
     };
 
@@ -198,7 +223,8 @@ private:
         detail::run_env env;
         std::vector<std::shared_ptr<void>> channels;
         std::vector<std::unique_ptr<stage_stats>> stats;
-        channel<T>* last = nullptr;
+        std::shared_ptr<channel<T>> last;
+        std::function<std::string()> last_wait_check;  // the last stage's (see stage_setup)
         std::uint64_t start_ns = 0;
         std::thread progress;
         std::mutex progress_m;
@@ -209,21 +235,49 @@ private:
             // never stopped explicitly and is torn down by an exception in start.
             env.cancel_all();
             env.wait_idle();
+            if (progress.joinable()) {
+                {
+                    std::lock_guard lock(progress_m);
+                    progress_stop = true;
+                }
+                progress_cv.notify_all();
+                progress.join();
+            }
             rt->join();
+            env.destroy_parked();
         }
     };
 
-    channel<T>& channel_() {
+    std::shared_ptr<channel<T>> channel_() {
         std::lock_guard lock(m_);
         if (!run_) {
             if (stopped_) {
-                if (!empty_) empty_ = std::make_unique<channel<T>>(channel_limits{1, 0});
+                if (!empty_) empty_ = std::make_shared<channel<T>>(channel_limits{1, 0});
                 empty_->close();
-                return *empty_;
+                return empty_;
             }
             start_locked();
         }
-        return *run_->last;
+        return run_->last;
+    }
+
+    /// Non-empty when the consumer waits for an item that cannot come: the last stage
+    /// says why (to_device: the consumer holds every ring slot).
+    std::string would_never_arrive(const channel<T>& ch) {
+        std::function<std::string()> check;
+        {
+            std::lock_guard lock(m_);
+            if (!run_ || run_->last.get() != &ch) return {};
+            check = run_->last_wait_check;
+        }
+        return check ? check() : std::string{};
+    }
+
+    /// Ends the pipeline with `e`: the consumer gets what is buffered, then `e`; every
+    /// stage's next send fails and it unwinds. For errors raised outside the stages
+    /// (a progress callback).
+    void fail(running& r, std::exception_ptr e) {
+        r.last->close(std::move(e));
     }
     worker_counters& consumer() { return consumer_; }
 
@@ -259,6 +313,7 @@ private:
             if (!links[i]->setup) continue;
             stage_setup s{*r->rt, i ? &memory[i - 1] : nullptr, nullptr, {}, *r->env.run};
             links[i]->setup(s);
+            if (i + 1 == links.size()) r->last_wait_check = std::move(s.consumer_wait_check);
             r->env.keep.push_back(s.state);  // before its on_stop can run: ~running cancels
             states[i] = std::move(s.state);
             for (auto& f : s.on_stop) r->env.cancellers.push_back(std::move(f));
@@ -277,7 +332,7 @@ private:
                                    memory[i] ? memory[i] : r->rt->buffers(), states[i]);
             prev = r->channels[i].get();
         }
-        r->last = static_cast<channel<T>*>(prev);
+        r->last = std::static_pointer_cast<channel<T>>(r->channels.back());
         if (opts_.progress.count() > 0) {
             r->progress = std::thread([this, rp = r.get()] {
                 std::unique_lock lock(rp->progress_m);
@@ -286,7 +341,15 @@ private:
                 while (!rp->progress_cv.wait_for(lock, opts_.progress, [&] { return rp->progress_stop; })) {
                     auto f = figures_of(*rp);
                     if (opts_.on_progress) {
-                        opts_.on_progress(f);
+                        // The callback is the user's: an exception from it ends the
+                        // pipeline with that error (after what is buffered), never the
+                        // process, and it is not called again.
+                        try {
+                            opts_.on_progress(f);
+                        } catch (...) {
+                            fail(*rp, std::current_exception());
+                            break;
+                        }
                     } else {
                         std::fprintf(stderr, tty ? "\r%s" : "%s\n", f.progress_line().c_str());
                         printed = true;
@@ -319,11 +382,12 @@ private:
     pipeline_options opts_;
     mutable std::mutex m_;
     std::unique_ptr<running> run_;
-    std::unique_ptr<channel<T>> empty_;
+    std::shared_ptr<channel<T>> empty_;
+    std::atomic<int> readers_{0};
+    std::shared_ptr<anchor> anchor_{new anchor{{}, this}};
     bool stopped_ = false;
     worker_counters consumer_;
     std::uint64_t last_return_ns_ = 0;
-    std::atomic<int> readers_{0};
     pipeline_figures final_;
     std::shared_ptr<run_state> last_run_;
     stream_point position_;  // of the last item taken (the trainer's thread)

@@ -24,11 +24,13 @@
 #include <sluice/core/task.hpp>
 
 #include <condition_variable>
+#include <coroutine>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <stop_token>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -49,33 +51,75 @@ struct stage_options {
     channel_limits buffer = {64, 0};
 };
 
+namespace detail {
+struct run_env;
+
+/// One worker's standing with its running pipeline. Once the stage is stopping (the
+/// pipeline stops, or the stage's consumer is gone), its next send or next() throws
+/// detail::stopped; a body that swallows that (a user's `catch (...)`) and sends or
+/// receives again is parked there: never resumed, counted as finished, and its frame is
+/// destroyed when the pipeline has joined its threads. So a stop ends every body.
+struct worker_life {
+    std::stop_token stop;
+    bool told = false;               // a send or next() already threw stopped
+    std::coroutine_handle<> root;    // the worker's outermost frame
+    run_env* env = nullptr;
+    std::function<void(std::exception_ptr)> done;  // the pipeline's end-of-worker bookkeeping
+};
+/// Suspends the worker for good: it is finished for the pipeline, its frame goes at
+/// teardown. Defined after run_env.
+inline void park(worker_life& w);
+}  // namespace detail
+
 /// A stage worker's end of its input channel; counts what it receives.
 template <class In>
 class input {
 public:
-    input(channel<In>* ch, worker_counters* c) : ch_(ch), c_(c) {}
+    input(channel<In>* ch, worker_counters* c, detail::worker_life* life = nullptr) : ch_(ch), c_(c), life_(life) {}
 
     struct next_op {
         typename channel<In>::receive_awaiter aw;
         worker_counters* c;
-        bool await_ready() { return aw.await_ready(); }
+        detail::worker_life* life;
+        enum { go, stop, park } mode = go;
+        bool await_ready() {
+            if (life && life->told) {
+                mode = park;
+                return false;
+            }
+            if (life && life->stop.stop_requested()) {
+                mode = stop;
+                return true;
+            }
+            return aw.await_ready();
+        }
         template <class P>
         void await_suspend(std::coroutine_handle<P> h) {
-            aw.await_suspend(h);
+            if (mode == park) detail::park(*life);
+            else aw.await_suspend(h);
         }
         std::optional<In> await_resume() {
+            if (mode == stop) {
+                life->told = true;
+                throw detail::stopped{};
+            }
             auto r = aw.await_resume();
             if (r) {
                 detail::bump(c->items_in);
                 detail::bump(c->bytes_in, byte_size_of(*r));
+            } else if (life && life->stop.stop_requested()) {  // ended by the stop, not by the producers
+                life->told = true;
+                throw detail::stopped{};
             }
             return r;
         }
     };
     /// `co_await in.next()`: the next item, or an empty optional at the end of input.
-    /// Rethrows an upstream error after the items sent before it.
+    /// Rethrows an upstream error after the items sent before it. Once the stage is
+    /// stopping it throws detail::stopped instead (not an error: the stage ends cleanly),
+    /// and a later call never returns (see detail::worker_life).
     next_op next(std::uint64_t* index = nullptr) {
-        return next_op{ch_->receive(&c_->wait_in_ns, index), c_};
+        return next_op{ch_->receive(&c_->wait_in_ns, index), c_, life_};
     }
     /// Stop reading: upstream stages see their sends fail and unwind.
     void cancel() { ch_->cancel(); }
@@ -83,11 +127,12 @@ public:
 private:
     channel<In>* ch_;
     worker_counters* c_;
+    detail::worker_life* life_;
 };
 template <>
 class input<void> {
 public:
-    input(void*, worker_counters*) {}
+    input(void*, worker_counters*, detail::worker_life* = nullptr) {}
     void cancel() {}
 };
 
@@ -95,34 +140,48 @@ public:
 template <class Out>
 class output {
 public:
-    output(channel<Out>* ch, worker_counters* c) : ch_(ch), c_(c) {}
+    output(channel<Out>* ch, worker_counters* c, detail::worker_life* life = nullptr) : ch_(ch), c_(c), life_(life) {}
 
     struct send_op {
         typename channel<Out>::send_awaiter aw;
         worker_counters* c;
         std::size_t n;
-        bool await_ready() { return aw.await_ready(); }
+        detail::worker_life* life;
+        bool parking = false;
+        bool await_ready() {
+            if (life && life->told) {
+                parking = true;
+                return false;
+            }
+            return aw.await_ready();
+        }
         template <class P>
         void await_suspend(std::coroutine_handle<P> h) {
-            aw.await_suspend(h);
+            if (parking) detail::park(*life);
+            else aw.await_suspend(h);
         }
         void await_resume() {
-            if (!aw.await_resume()) throw detail::stopped{};  // the consumer stopped
+            if (!aw.await_resume()) {  // the consumer stopped
+                if (life) life->told = true;
+                throw detail::stopped{};
+            }
             detail::bump(c->items_out);
             detail::bump(c->bytes_out, n);
         }
     };
     /// `co_await out.send(v)`: suspends while downstream is full. When the pipeline is
     /// stopping it throws detail::stopped, which unwinds the stage body (and is not an
-    /// error): stage bodies need no cancellation checks of their own.
+    /// error): stage bodies need no cancellation checks of their own. A body that catches
+    /// that and sends again is parked for good (see detail::worker_life).
     send_op send(Out v) {
         const std::size_t n = byte_size_of(v);
-        return send_op{ch_->send(std::move(v), &c_->wait_out_ns), c_, n};
+        return send_op{ch_->send(std::move(v), &c_->wait_out_ns), c_, n, life_};
     }
 
 private:
     channel<Out>* ch_;
     worker_counters* c_;
+    detail::worker_life* life_;
 };
 
 /// What one worker of a stage gets: its ports, the runtime, its stats, for ordered
@@ -145,6 +204,11 @@ struct stage_context {
     /// Shared by every stage of this run: where it resumes from, and what the stages tell
     /// each other about the sequence (see core/state.hpp).
     run_state* run = nullptr;
+    /// Requested when the pipeline stops or this stage's consumer is gone. Every wait of
+    /// the library observes it; a user's coroutine that waits on something of its own
+    /// registers a std::stop_callback on it, or polls stopping() between steps.
+    std::stop_token stop = {};
+    bool stopping() const noexcept { return stop.stop_requested(); }
 };
 
 /// What a stage's setup gets. Setup runs on the thread that starts the pipeline, for
@@ -162,6 +226,11 @@ struct stage_setup {
     std::vector<std::function<void()>> on_stop;
     /// Shared by every stage of this run (see core/state.hpp).
     run_state& run;
+    /// For the pipeline's last stage: asked when the consumer is about to wait for an
+    /// item that has not arrived; a non-empty answer is a wait the pipeline can never
+    /// satisfy by itself (every ring slot held by the consumer), thrown as an error
+    /// instead of blocking forever.
+    std::function<std::string()> consumer_wait_check = nullptr;
 };
 
 namespace detail {
@@ -177,6 +246,7 @@ struct run_env {
     std::vector<std::function<void()>> cancellers;
     std::vector<std::shared_ptr<void>> keep;
     std::shared_ptr<run_state> run = std::make_shared<run_state>();
+    std::vector<std::coroutine_handle<>> parked;  // under m
 
     void started() {
         std::lock_guard lock(m);
@@ -193,7 +263,27 @@ struct run_env {
         std::unique_lock lock(m);
         cv.wait(lock, [&] { return live == 0; });
     }
+    void park(std::coroutine_handle<> root) {
+        std::lock_guard lock(m);
+        parked.push_back(root);
+    }
+    /// Frees the frames of parked workers. Only once the runtime's threads are joined: no
+    /// thread may still be inside the await_suspend that parked one.
+    void destroy_parked() {
+        std::vector<std::coroutine_handle<>> p;
+        {
+            std::lock_guard lock(m);
+            p.swap(parked);
+        }
+        for (auto h : p) h.destroy();
+    }
+    ~run_env() { destroy_parked(); }
 };
+
+inline void park(worker_life& w) {
+    w.env->park(w.root);
+    w.done(std::make_exception_ptr(stopped{}));
+}
 
 inline bool is_stop(const std::exception_ptr& e) {
     if (!e) return false;
@@ -235,11 +325,16 @@ struct link_impl final : link {
                std::shared_ptr<buffer_source> memory, std::shared_ptr<void> setup_state) const override {
         struct state {
             std::vector<std::unique_ptr<stage_context<In, Out>>> contexts;
+            std::vector<std::unique_ptr<worker_life>> lives;
             std::unique_ptr<turnstile> turn;
+            std::stop_source stop;
         };
         auto s = std::make_shared<state>();
         auto* inch = static_cast<channel<In>*>(in);
         auto* outch = static_cast<channel<Out>*>(out);
+        // The stage stops with the pipeline, and when its consumer is gone.
+        env.cancellers.push_back([ss = s->stop]() mutable { ss.request_stop(); });
+        outch->on_cancel([ss = s->stop]() mutable { ss.request_stop(); });
         const unsigned n = std::max(1u, opts.concurrency);
         if (n > 1 && opts.order == ordering::unordered)
             env.run->epochs_unknown("stage '" + name + "' is unordered (" + std::to_string(n) +
@@ -253,9 +348,13 @@ struct link_impl final : link {
         std::vector<task<void>> bodies;
         for (unsigned i = 0; i < n; ++i) {
             auto& c = st.worker(i);
+            auto life = std::make_unique<worker_life>();
+            life->stop = s->stop.get_token();
+            life->env = &env;
             s->contexts.push_back(std::make_unique<stage_context<In, Out>>(stage_context<In, Out>{
-                sluice::input<In>(inch, &c), sluice::output<Out>(outch, &c), env.rt, st, i,
-                s->turn.get(), memory, setup_state, env.run.get()}));
+                sluice::input<In>(inch, &c, life.get()), sluice::output<Out>(outch, &c, life.get()), env.rt, st, i,
+                s->turn.get(), memory, setup_state, env.run.get(), s->stop.get_token()}));
+            s->lives.push_back(std::move(life));
             bodies.push_back(body(*s->contexts.back()));  // may throw: nothing counted yet
         }
         env.keep.push_back(s);
@@ -265,9 +364,10 @@ struct link_impl final : link {
             c.start_ns.store(detail::now_ns(), std::memory_order_relaxed);
             env.started();
             auto* ctx = s->contexts[i].get();
-            // on_done must capture only raw pointers: the pipeline owns everything and
+            auto* life = s->lives[i].get();
+            // done must capture only raw pointers: the pipeline owns everything and
             // waits for env.finished() before destroying it.
-            spawn(ex, std::move(bodies[i]), [envp = &env, ctx, outch, c = &c](std::exception_ptr e) {
+            life->done = [envp = &env, ctx, outch, c = &c](std::exception_ptr e) {
                 const bool stop = is_stop(e);
                 if (e) {  // failed or stopped: stop upstream and sibling workers too
                     ctx->in.cancel();
@@ -276,7 +376,11 @@ struct link_impl final : link {
                 c->end_ns.store(detail::now_ns(), std::memory_order_relaxed);
                 outch->producer_done(stop ? nullptr : e);
                 envp->finished();
-            });
+            };
+            auto d = run_detached(std::move(bodies[i]), [life](std::exception_ptr e) { life->done(e); });
+            d.h.promise().ex = ex;
+            life->root = d.h;
+            resume_on(ex, d.h);
         }
     }
 };

@@ -104,11 +104,13 @@ public:
         }
         cv_.notify_all();
     }
-    /// Block until everything enqueued so far has run.
+    /// Block until everything enqueued so far has run; rethrows the first exception a
+    /// piece of work threw (work that throws never ends the process).
     void synchronize() {
         std::unique_lock lock(m_);
         const std::uint64_t target = enqueued_ + work_.size();
         done_cv_.wait(lock, [&] { return ran_ >= target; });
+        if (error_) std::rethrow_exception(error_);
     }
 
 private:
@@ -121,8 +123,14 @@ private:
             work_.pop_front();
             ++enqueued_;
             lock.unlock();
-            f();
+            std::exception_ptr failed;
+            try {
+                f();
+            } catch (...) {
+                failed = std::current_exception();
+            }
             lock.lock();
+            if (failed && !error_) error_ = failed;
             ++ran_;
             done_cv_.notify_all();
         }
@@ -133,6 +141,7 @@ private:
     std::uint64_t enqueued_ = 0;  // taken off the queue
     std::uint64_t ran_ = 0;
     bool closing_ = false;
+    std::exception_ptr error_;
     std::thread thread_;
 };
 
@@ -145,6 +154,7 @@ struct host_event_state {
     std::mutex m;
     std::condition_variable cv;
     std::uint64_t recorded = 0, completed = 0;
+    std::string failure;  // why a copy recorded on it failed (sticky, as CUDA's errors are)
 
     std::uint64_t record() {
         std::lock_guard lock(m);
@@ -155,9 +165,18 @@ struct host_event_state {
         if (ticket > completed) completed = ticket;
         cv.notify_all();
     }
+    void fail(std::uint64_t ticket, std::string why) {
+        std::lock_guard lock(m);
+        if (failure.empty()) failure = std::move(why);
+        if (ticket > completed) completed = ticket;
+        cv.notify_all();
+    }
     void wait_for(std::uint64_t ticket) {
         std::unique_lock lock(m);
         cv.wait(lock, [&] { return completed >= ticket; });
+    }
+    void check() {  // m held
+        if (!failure.empty()) throw error("sluice: host engine: a copy failed: " + failure);
     }
     std::uint64_t newest() {
         std::lock_guard lock(m);
@@ -169,9 +188,14 @@ class host_event final : public copy_event {
 public:
     bool ready() override {
         std::lock_guard lock(s_->m);
+        s_->check();
         return s_->completed >= s_->recorded;
     }
-    void synchronize() override { s_->wait_for(s_->newest()); }
+    void synchronize() override {
+        s_->wait_for(s_->newest());
+        std::lock_guard lock(s_->m);
+        s_->check();
+    }
     const std::shared_ptr<host_event_state>& state() const noexcept { return s_; }
 
 private:
@@ -217,15 +241,27 @@ public:
             const auto t = st->newest();  // as cudaStreamWaitEvent: the newest record now
             waits.emplace_back(std::move(st), t);
         }
+        {
+            std::lock_guard lock(failed_m_);
+            if (!failed_.empty()) throw error("sluice: host engine: an earlier copy failed: " + failed_);
+        }
         auto d = host(done);
         const auto ticket = d->record();
         ++copies_;
         stream_.enqueue([=, this] {
-            for (auto& [e, t] : waits) e->wait_for(t);
-            if (o_.copy_delay.count() > 0) std::this_thread::sleep_for(o_.copy_delay);  // the "bus"
-            if (o_.before_copy) o_.before_copy();
-            if (n) std::memcpy(dst, src, n);
-            d->complete(ticket);
+            // An exception here (from before_copy, say) fails this copy's event and every
+            // later copy, as a sticky CUDA error does; it never ends the process.
+            try {
+                for (auto& [e, t] : waits) e->wait_for(t);
+                if (o_.copy_delay.count() > 0) std::this_thread::sleep_for(o_.copy_delay);  // the "bus"
+                if (o_.before_copy) o_.before_copy();
+                if (n) std::memcpy(dst, src, n);
+                d->complete(ticket);
+            } catch (const std::exception& x) {
+                fail(*d, ticket, x.what());
+            } catch (...) {
+                fail(*d, ticket, "unknown exception");
+            }
         });
     }
     void stream_wait(stream_ref s, copy_event& e) override {
@@ -253,7 +289,16 @@ private:
                         "sluice::host_stream or synchronize()");
         return *s.host;
     }
+    void fail(detail::host_event_state& d, std::uint64_t ticket, const std::string& why) {
+        {
+            std::lock_guard lock(failed_m_);
+            if (failed_.empty()) failed_ = why;
+        }
+        d.fail(ticket, why);
+    }
     host_engine_options o_;
+    std::mutex failed_m_;
+    std::string failed_;
     std::shared_ptr<slab_pool> staging_, dest_;
     std::atomic<std::uint64_t> copies_{0};
     host_stream stream_;  // last: joined first, while the pools are still alive

@@ -83,6 +83,7 @@ struct device_ring {
     /// stream given to wait() (the trainer synchronised on the host), a GPU engine records
     /// on the legacy default stream, which covers work on it and on blocking streams.
     void give_back(device_slot* s) noexcept {
+        leased.fetch_sub(1, std::memory_order_acq_rel);
         {
             std::lock_guard lock(s->m);
             std::vector<stream_ref> streams = std::move(s->waited);
@@ -111,6 +112,11 @@ struct device_ring {
     std::shared_ptr<buffer_source> memory;  // the engine's destination pool
     std::vector<std::unique_ptr<device_slot>> slots;
     channel<device_slot*> free;
+    // For the consumer's deadlock check: slots out in batches, and whether the stage
+    // waits for one. The stage clears `waiting` before it makes a lease, so both at
+    // their limits means every batch is beyond the stage.
+    std::atomic<unsigned> leased{0};
+    std::atomic<bool> waiting{false};
 };
 
 /// A taken slot; the last reference (batch or DLPack tensor) gives it back.
@@ -215,6 +221,14 @@ inline stage<host_batch, device_batch> to_device(to_device_options o, std::share
         auto ring = std::make_shared<detail::device_ring>(engine, n);
         ring->memory = engine->destination();
         s.on_stop.push_back([r = ring.get()] { r->free.cancel(); });
+        // The consumer holds every slot and asks for another: nothing can ever come.
+        s.consumer_wait_check = [r = ring.get(), n, what = engine->describe()]() -> std::string {
+            if (!r->waiting.load(std::memory_order_acquire) || r->leased.load(std::memory_order_acquire) < n) return {};
+            return "sluice: to_device on " + what + ": the consumer holds all " + std::to_string(n) +
+                   " ring batches and asks for another, which cannot come until one is released: release a "
+                   "batch (destroy it, or release()) before taking the next, or build the stage with "
+                   "to_device({.ring = N}) for N above the batches you keep (keeping k batches: ring >= k + 1)";
+        };
         s.state = std::move(ring);
     };
     auto body = [](stage_context<host_batch, device_batch>& ctx) -> task<void> {
@@ -225,7 +239,9 @@ inline stage<host_batch, device_batch> to_device(to_device_options o, std::share
         // to_device made new ones): copied all the same, from pageable memory (slower).
         auto& unstaged = ctx.stats.counter("unstaged");
         while (auto hb = co_await ctx.in.next()) {
+            ring->waiting.store(true, std::memory_order_release);
             auto got = co_await ring->free.receive(&w.wait_out_ns);  // a free slot
+            ring->waiting.store(false, std::memory_order_release);
             if (!got) throw detail::stopped{};
             detail::device_slot* s = *got;
             if (!s->release_error.empty())
@@ -247,6 +263,7 @@ inline stage<host_batch, device_batch> to_device(to_device_options o, std::share
             std::vector<copy_event*> after;
             for (std::size_t i = 0; i < s->released_n; ++i) after.push_back(s->released[i].get());
             ring->engine->copy(s->memory->data(), s->host.data.data(), bytes, after, *s->copied);
+            ring->leased.fetch_add(1, std::memory_order_acq_rel);
             co_await ctx.out.send(device_batch(std::make_shared<detail::device_lease>(ring, s)));
         }
     };

@@ -10,11 +10,14 @@
 #include <sluice/io/cache.hpp>
 #include <sluice/io/local.hpp>
 
+#include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <functional>
+#include <stop_token>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -80,49 +83,121 @@ struct switch_to {
     void await_resume() const noexcept {}
 };
 
-/// Waits on the coroutine's executor.
+/// What a stop must reach in one fetch worker besides its channels: its transfers, its
+/// backoff timer and its wait for a permit. The stop callback posts `fire` to the I/O
+/// loop, where the worker runs, so the worker and `fire` never run at once; the worker
+/// sets and clears what `fire` reaches as it goes.
+struct fetch_stop_hooks {
+    std::function<void()> transfers;     // cancels the transfers in flight
+    asio::steady_timer* sleeping = nullptr;
+    std::function<void()> permit_wait;   // ends a wait for a permit
+    void fire() {
+        if (transfers) transfers();
+        if (sleeping) sleeping->cancel();
+        if (permit_wait) permit_wait();
+    }
+};
+
+/// Waits on the coroutine's executor; a stop (through `hooks`) cuts it short.
 struct sleep_for {
     std::chrono::steady_clock::duration d;
+    fetch_stop_hooks* hooks = nullptr;
     std::optional<asio::steady_timer> timer;
     bool await_ready() const noexcept { return d <= std::chrono::steady_clock::duration::zero(); }
     template <class P>
     void await_suspend(std::coroutine_handle<P> h) {
         timer.emplace(h.promise().ex, d);
+        if (hooks) hooks->sleeping = &*timer;
         timer->async_wait([h](const std::error_code&) { h.resume(); });
     }
-    void await_resume() const noexcept {}
+    void await_resume() noexcept {
+        if (hooks) hooks->sleeping = nullptr;
+    }
 };
 
 inline std::string http_failure(const http_transfer& t) {
     return request_failure(t.result, t.errbuf, t.status, t.error_body);
 }
 
-/// The stage's request budget: additive increase, multiplicative decrease. Blocking
-/// acquire() is used only by a worker that holds no other request (an object's first
-/// request); parts take try_acquire() and retries go on without a permit, so workers
-/// never wait on each other in a cycle.
-class aimd_limit {
+/// The stage's request budget: additive increase, multiplicative decrease. Every request
+/// takes a permit — first requests, parts and retries, ordered or not — so under 503s the
+/// requests in flight shrink for all of them. Permits go in the order asked. Two cases go
+/// ahead over the limit rather than wait, since waiting could close a cycle: a request of
+/// a worker that already holds permits (its other parts finish without it), and, in an
+/// ordered stage, the object whose turn it is (later objects may hold every permit while
+/// they wait for their turn). So the requests in flight exceed the limit by at most one
+/// per worker, and only while those cases last.
+class aimd_limit : public std::enable_shared_from_this<aimd_limit> {
+    struct wait_state {
+        std::coroutine_handle<> h;
+        std::optional<asio::steady_timer> timer;
+        std::uint64_t* seq = nullptr;
+        std::function<bool()> go_ahead;  // asked every tick while waiting
+        std::uint64_t priority = 0;      // lowest first
+        bool granted = false, ended = false, stop = false;
+    };
+
 public:
     aimd_limit(unsigned max, unsigned min) : max_(std::max(1u, max)), min_(std::clamp(min, 1u, max_)), limit_(max_) {}
 
+    /// How often a waiter asks `go_ahead` (an ordered stage: is it my turn?).
+    static constexpr std::chrono::milliseconds tick{20};
+
     struct acquire_op {
-        aimd_limit& l;
-        std::uint64_t* seq;
+        std::shared_ptr<aimd_limit> l;
+        std::shared_ptr<wait_state> w;
         bool await_ready() {
-            std::lock_guard lock(l.m_);
-            return l.take(seq);
+            std::lock_guard lock(l->m_);
+            if (!l->take(w->seq)) {
+                if (!w->go_ahead || !w->go_ahead()) return false;
+                l->take_unchecked(w->seq);
+            }
+            w->granted = true;
+            w->ended = true;
+            return true;
         }
         template <class P>
-        bool await_suspend(std::coroutine_handle<P> h) {
-            std::lock_guard lock(l.m_);
-            if (l.take(seq)) return false;
-            l.waiters_.push_back({h, h.promise().ex, seq});
-            return true;  // resumed holding a permit (see release)
+        void await_suspend(std::coroutine_handle<P> h) {
+            w->h = h;
+            w->timer.emplace(h.promise().ex);
+            {
+                std::lock_guard lock(l->m_);
+                auto at = std::upper_bound(l->waiters_.begin(), l->waiters_.end(), w->priority,
+                                           [](std::uint64_t p, const auto& x) { return p < x->priority; });
+                l->waiters_.insert(at, w);
+            }
+            l->arm(w);
         }
-        void await_resume() const noexcept {}
+        /// Whether a permit was taken (not when the wait ended by a stop).
+        bool await_resume() const noexcept { return w->granted; }
     };
-    /// A permit; `*seq` gets the request's sequence number (for release).
-    acquire_op acquire(std::uint64_t* seq) { return acquire_op{*this, seq}; }
+    /// `co_await acquire(&seq, go_ahead, cancel, ticket)`: a permit; `seq` gets the
+    /// request's sequence number (for release). `go_ahead`, if given, is asked while
+    /// waiting: true takes a permit over the limit. `cancel`, if given, receives a function
+    /// that ends the wait without a permit (for a stop; call it on the waiter's executor).
+    /// Waiters get permits in the order of `ticket` when given (an ordered stage: the
+    /// object whose turn is nearest first), else in the order they asked.
+    acquire_op acquire(std::uint64_t* seq, std::function<bool()> go_ahead = nullptr,
+                       std::function<void()>* cancel = nullptr, std::optional<std::uint64_t> ticket = {}) {
+        auto w = std::make_shared<wait_state>();
+        w->seq = seq;
+        w->go_ahead = std::move(go_ahead);
+        {
+            std::lock_guard lock(m_);
+            w->priority = ticket ? *ticket : arrivals_++;
+        }
+        if (cancel)
+            *cancel = [w] {
+                w->stop = true;
+                if (w->timer) w->timer->cancel();
+            };
+        return acquire_op{shared_from_this(), std::move(w)};
+    }
+    /// A permit over the limit, at once (see the class comment for when).
+    void take_over(std::uint64_t* seq) {
+        std::lock_guard lock(m_);
+        take_unchecked(seq);
+    }
     bool try_acquire(std::uint64_t* seq) {
         std::lock_guard lock(m_);
         return take(seq);
@@ -130,7 +205,7 @@ public:
     /// A request ended: `throttled` for 503/429 (halve, once per round: not again for
     /// requests started before the last halving), `ok` for a success (grow).
     void release(std::uint64_t seq, bool ok, bool throttled) {
-        std::vector<waiter> wake;
+        std::vector<std::shared_ptr<wait_state>> wake;
         {
             std::lock_guard lock(m_);
             if (active_) --active_;
@@ -143,54 +218,81 @@ public:
             while (!waiters_.empty() && active_ < allowed()) {
                 auto w = waiters_.front();
                 waiters_.pop_front();
-                take_unchecked(w.seq);
-                wake.push_back(w);
+                take_unchecked(w->seq);
+                w->granted = true;
+                wake.push_back(std::move(w));
             }
+            publish();
         }
-        for (auto& w : wake) resume_on(w.ex, w.h);
+        // The waiter resumes from its timer's handler, which a cancel runs now.
+        for (auto& w : wake) asio::post(w->timer->get_executor(), [w] { w->timer->cancel(); });
     }
     unsigned limit() const {
         std::lock_guard lock(m_);
         return allowed();
     }
+    /// Gauges kept up to date with the limit and the requests holding permits (stats).
+    void watch(std::atomic<std::uint64_t>* limit, std::atomic<std::uint64_t>* active) {
+        std::lock_guard lock(m_);
+        limit_gauge_ = limit;
+        active_gauge_ = active;
+        publish();
+    }
+    /// Requests holding a permit now.
+    unsigned active() const {
+        std::lock_guard lock(m_);
+        return active_;
+    }
+
 private:
-    struct waiter {
-        std::coroutine_handle<> h;
-        executor ex;
-        std::uint64_t* seq;
-    };
+    void arm(const std::shared_ptr<wait_state>& w) {
+        w->timer->expires_after(w->go_ahead ? std::chrono::steady_clock::duration(tick) : std::chrono::hours(24));
+        w->timer->async_wait([self = shared_from_this(), w](const std::error_code&) { self->on_tick(w); });
+    }
+    // The one place a waiter resumes: granted, stopped, allowed to go ahead, or waits on.
+    void on_tick(const std::shared_ptr<wait_state>& w) {
+        bool resume = false;
+        {
+            std::lock_guard lock(m_);
+            if (w->ended) return;
+            if (!w->granted && (w->stop || (w->go_ahead && w->go_ahead()))) {
+                std::erase(waiters_, w);
+                if (!w->stop) {
+                    take_unchecked(w->seq);
+                    w->granted = true;
+                }
+            }
+            resume = w->granted || w->stop;
+            w->ended = resume;
+        }
+        if (resume) w->h.resume();
+        else arm(w);
+    }
     unsigned allowed() const { return static_cast<unsigned>(std::min<double>(limit_, max_)); }
     bool take(std::uint64_t* seq) {  // m_ held
-        if (active_ >= allowed()) return false;
+        if (active_ >= allowed() || !waiters_.empty()) return false;  // first come, first served
         take_unchecked(seq);
         return true;
     }
     void take_unchecked(std::uint64_t* seq) {
         ++active_;
         *seq = next_seq_++;
+        publish();
+    }
+    void publish() {  // m_ held
+        if (limit_gauge_) limit_gauge_->store(allowed(), std::memory_order_relaxed);
+        if (active_gauge_) active_gauge_->store(active_, std::memory_order_relaxed);
     }
     mutable std::mutex m_;
     unsigned max_, min_;
     double limit_;
     unsigned active_ = 0;
     std::uint64_t next_seq_ = 0, round_ = 0;
-    std::deque<waiter> waiters_;
+    std::uint64_t arrivals_ = 0;
+    std::deque<std::shared_ptr<wait_state>> waiters_;  // by priority
+    std::atomic<std::uint64_t>* limit_gauge_ = nullptr;
+    std::atomic<std::uint64_t>* active_gauge_ = nullptr;
 };
-
-/// The limiter of one running fetch stage, shared by its workers.
-inline std::shared_ptr<aimd_limit> limiter_for(const void* stage, unsigned max, unsigned min) {
-    static std::mutex m;
-    static std::unordered_map<const void*, std::weak_ptr<aimd_limit>> live;
-    std::lock_guard lock(m);
-    std::erase_if(live, [](auto& kv) { return kv.second.expired(); });
-    auto& w = live[stage];
-    auto l = w.lock();
-    if (!l) {
-        l = std::make_shared<aimd_limit>(max, min);
-        w = l;
-    }
-    return l;
-}
 
 // One byte range of an object in flight: [from, to] (to inclusive; npos: to the end).
 struct http_part {
@@ -240,6 +342,12 @@ struct fetch_state {
     }
 };
 
+/// What one run of a fetch stage shares among its workers (made by its setup).
+struct fetch_run {
+    std::shared_ptr<aimd_limit> limit;
+    std::shared_ptr<local_cache> cache;  // null without fetch_options::cache
+};
+
 inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o) {
     auto eng = curl_engine::shared();
     std::minstd_rand jitter(std::random_device{}());
@@ -249,7 +357,8 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
     auto& throttled = ctx.stats.counter("throttled");
     auto& parts_counter = ctx.stats.counter("parts");
     auto& limit_gauge = ctx.stats.counter("in_flight_limit");
-    auto* cache = static_cast<local_cache*>(ctx.state.get());
+    auto& run = *static_cast<fetch_run*>(ctx.state.get());
+    local_cache* cache = run.cache.get();
     std::atomic<std::uint64_t> unused{0};  // without a cache, no cache counters in the stats
     auto cache_counter = [&](const char* name) -> std::atomic<std::uint64_t>& {
         return cache ? ctx.stats.counter(name) : unused;
@@ -259,13 +368,24 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
     auto& cache_failures = cache_counter("cache_write_failures");
     auto& cache_evictions = cache_counter("cache_evictions");
     auto& cache_skipped = cache_counter("cache_too_large");
-    auto lim = limiter_for(&ctx.stats, o.in_flight, o.min_in_flight);
-    limit_gauge.store(lim->limit(), std::memory_order_relaxed);
+    auto lim = run.limit;
+    lim->watch(&limit_gauge, &ctx.stats.counter("in_flight"));
+    // A stop reaches this worker's transfers, backoff and permit wait on the I/O loop.
+    auto hooks = std::make_shared<fetch_stop_hooks>();
+    std::stop_callback on_stop(ctx.stop, [hooks, ex = ctx.rt.executor_for(pool::io)] {
+        asio::post(ex, [hooks] { hooks->fire(); });
+    });
+    struct clear_hooks {
+        fetch_stop_hooks& h;
+        ~clear_hooks() { h = {}; }
+    } clear{*hooks};
+    auto stop_point = [&] {  // no new request, and no new wait, once stopping
+        if (ctx.stopping()) throw stopped{};
+    };
     auto release = [&](http_part& p, bool ok, bool throttled) {
         if (!p.permit) return;
         p.permit = false;
         lim->release(p.seq, ok, throttled);
-        limit_gauge.store(lim->limit(), std::memory_order_relaxed);
     };
     const std::uint64_t part_size = std::max<std::uint64_t>(o.part_size, 1);
     for (;;) {
@@ -301,20 +421,31 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
                 curl_engine& eng;
                 std::deque<http_part>& parts;
                 aimd_limit& lim;
+                fetch_stop_hooks& hooks;
                 ~abandon() {
+                    hooks.transfers = nullptr;
                     for (auto& p : parts) {
                         if (p.t) eng.cancel(p.t);
                         if (p.permit) lim.release(p.seq, false, false);
                     }
                 }
-            } guard{*eng, parts, *lim};
-            // Holding nothing else, a blocking wait is safe here. Not when ordered: a later
-            // object may hold permits while it waits for this one's turn, so the object
-            // whose turn may be next must not wait for them.
-            bool first_permit = true;
+            } guard{*eng, parts, *lim, *hooks};
+            hooks->transfers = [&parts, e = eng.get()] {
+                for (auto& p : parts)
+                    if (p.t) e->cancel(p.t);  // each ends at once, with CURLE_ABORTED_BY_CALLBACK
+            };
+            // A permit for a request of this worker when it holds no other (see aimd_limit):
+            // ordered, it goes ahead when its turn comes rather than wait on later objects.
+            auto my_turn_now = [t = ctx.turn, ticket] { return t->current() >= ticket; };
+            auto wait_permit = [&](std::uint64_t* seq) {
+                return ctx.turn ? lim->acquire(seq, my_turn_now, &hooks->permit_wait, ticket)
+                                : lim->acquire(seq, nullptr, &hooks->permit_wait);
+            };
             std::uint64_t first_seq = 0;
-            if (ctx.turn) first_permit = lim->try_acquire(&first_seq);
-            else co_await lim->acquire(&first_seq);
+            stop_point();
+            const bool first_permit = co_await wait_permit(&first_seq);
+            hooks->permit_wait = nullptr;
+            stop_point();
             // The first request asks for one part: its answer gives the object's size, and
             // the other parts then download in parallel, `parts_in_flight` at a time.
             parts.push_back(http_part{0, o.parallel_parts ? part_size - 1 : http_request::npos, {}, first_permit, first_seq});
@@ -348,15 +479,19 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
             unsigned attempt = 0;
             bool first_response = true;
             while (!parts.empty() || more_parts()) {
-                if (parts.empty()) {  // no permit was free for the next part: it goes next anyway
-                    if (!ctx.turn && lim->try_acquire(&seq)) add_part(true);
-                    else add_part(false);
+                if (parts.empty()) {  // no permit was free for the next part: wait for one
+                    stop_point();
+                    const bool got = co_await wait_permit(&seq);
+                    hooks->permit_wait = nullptr;
+                    stop_point();
+                    add_part(got);
                 }
                 http_part& p = parts.front();
                 for (;;) {
                     next_http_event ev{*p.t, {}};  // named: see io/local.hpp on g++ 12 and braced temporaries
                     auto data = co_await ev;
                     if (!data) break;
+                    stop_point();
                     http_transfer& t = *p.t;
                     if (first_response) {
                         first_response = false;
@@ -388,6 +523,7 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
                     eng->resume(p.t);
                     refill();  // permits freed since: start more parts
                 }
+                stop_point();  // a stop cancels transfers: their ending is not a failure to retry
                 http_transfer& t = *p.t;
                 const bool ok = t.result == CURLE_OK && t.status >= 200 && t.status < 300;
                 release(p, ok, t.result == CURLE_OK && (t.status == 503 || t.status == 429));
@@ -441,8 +577,20 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
                 ++attempt;
                 const auto wait =
                     std::chrono::milliseconds(ceiling > 0 ? jitter() % static_cast<unsigned long long>(ceiling + 1) : 0);
-                sleep_for pause{wait, {}};
+                stop_point();
+                sleep_for pause{wait, hooks.get(), {}};
                 co_await pause;
+                stop_point();
+                // The retry takes a permit too: under 503s the requests in flight shrink. A
+                // worker whose other parts hold permits goes ahead (see aimd_limit).
+                if (parts.size() > 1) {
+                    lim->take_over(&p.seq);
+                    p.permit = true;
+                } else {
+                    p.permit = co_await wait_permit(&p.seq);
+                    hooks->permit_wait = nullptr;
+                    stop_point();
+                }
                 p.from = offset;  // resume this part where it stopped, the same version only
                 fs.start(p, where, offset || !first_response ? etag : "");
             }
@@ -497,7 +645,10 @@ inline stage<shard, chunk> fetch(fetch_options o = {}) {
     return make_stage<shard, chunk>(
         "fetch", {.concurrency = std::max(1u, o.in_flight), .order = o.order, .on = pool::io, .buffer = o.out},
         [o](stage_setup& s) {
-            if (!o.cache.dir.empty()) s.state = std::make_shared<detail::local_cache>(o.cache);
+            auto run = std::make_shared<detail::fetch_run>();
+            run->limit = std::make_shared<detail::aimd_limit>(o.in_flight, o.min_in_flight);
+            if (!o.cache.dir.empty()) run->cache = std::make_shared<detail::local_cache>(o.cache);
+            s.state = std::move(run);
         },
         [o](stage_context<shard, chunk>& ctx) { return detail::fetch_worker(ctx, o); });
 }

@@ -25,11 +25,14 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <fstream>
 #include <optional>
+#include <mutex>
 #include <random>
 #include <string>
+#include <stop_token>
 #include <string_view>
 #include <thread>
 #include <utility>
@@ -437,8 +440,9 @@ struct s3_reply {
 };
 
 /// A blocking GET for small replies (listings), signed per `a`.
+/// A stop (`stop`) aborts it within about a second (CURLE_ABORTED_BY_CALLBACK).
 inline void s3_get(const std::string& url, const s3_auth& a, s3_reply& r, const std::string& ca_file = {},
-                   long timeout_s = 60) {
+                   long timeout_s = 60, std::stop_token stop = {}) {
     static const bool global = [] { return curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK; }();
     (void)global;
     CURL* e = curl_easy_init();
@@ -459,6 +463,14 @@ inline void s3_get(const std::string& url, const s3_auth& a, s3_reply& r, const 
         return s * n;
     });
     curl_easy_setopt(e, CURLOPT_WRITEDATA, &r.body);
+    if (stop.stop_possible()) {  // curl asks at least once a second, also while it waits
+        curl_easy_setopt(e, CURLOPT_NOPROGRESS, 0L);
+        curl_easy_setopt(e, CURLOPT_XFERINFODATA, &stop);
+        curl_easy_setopt(e, CURLOPT_XFERINFOFUNCTION,
+                         +[](void* ud, curl_off_t, curl_off_t, curl_off_t, curl_off_t) -> int {
+                             return static_cast<std::stop_token*>(ud)->stop_requested() ? 1 : 0;
+                         });
+    }
     s3_sign(e, headers, a, sigv4);
     if (headers) curl_easy_setopt(e, CURLOPT_HTTPHEADER, headers);
     r.result = curl_easy_perform(e);
@@ -487,8 +499,9 @@ inline std::string request_failure(CURLcode result, const char* errbuf, long sta
 /// Transient failures (503 SlowDown, 500, connection errors) are retried `retries` times
 /// with jittered backoff.
 /// `max_keys` (0: the server's default, 1,000 on AWS) sets the page size (tests).
+/// A stop (`stop`) ends it within about a second, with detail::stopped.
 inline std::vector<std::string> s3_list(const s3_options& opts, const std::string& url, unsigned retries = 8,
-                                        unsigned max_keys = 0) {
+                                        unsigned max_keys = 0, std::stop_token stop = {}) {
     auto loc = parse_s3_url(url);
     if (!loc) throw source_error(url, "not an s3://bucket/prefix URL:");
     const s3_config c = resolve_s3(opts, url);
@@ -508,7 +521,8 @@ inline std::vector<std::string> s3_list(const s3_options& opts, const std::strin
         s3_reply r;
         for (unsigned attempt = 0;; ++attempt) {
             r = s3_reply{};
-            s3_get(http, auth, r, auth.ca_bundle);
+            s3_get(http, auth, r, auth.ca_bundle, 60, stop);
+            if (stop.stop_requested()) throw stopped{};
             const bool ok = r.result == CURLE_OK && r.status == 200;
             const bool transient = r.result != CURLE_OK ? retryable_curl(r.result) : retryable_status(r.status);
             if (ok) break;
@@ -518,7 +532,12 @@ inline std::vector<std::string> s3_list(const s3_options& opts, const std::strin
                 throw source_error(url, "cannot list (" + what + ")");
             }
             const long long ceiling = std::min(5000LL, 100LL << std::min(attempt, 20u));
-            std::this_thread::sleep_for(std::chrono::milliseconds(jitter() % static_cast<unsigned long long>(ceiling + 1)));
+            std::mutex m;
+            std::condition_variable_any cv;
+            std::unique_lock lock(m);
+            cv.wait_for(lock, stop, std::chrono::milliseconds(jitter() % static_cast<unsigned long long>(ceiling + 1)),
+                        [] { return false; });  // a stop ends the backoff at once
+            if (stop.stop_requested()) throw stopped{};
         }
         auto page = parse_list_v2(r.body);
         if (!page) throw source_error(url, "cannot list (the reply is not a ListObjectsV2 result)");

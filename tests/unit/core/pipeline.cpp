@@ -155,3 +155,49 @@ TEST_CASE("the progress callback reports live figures", "[pipeline][stats]") {
     p.stop();
     REQUIRE(calls.load() >= 2);
 }
+
+TEST_CASE("an exception from the progress callback ends the pipeline with that error, not the process",
+          "[pipeline][errors]") {
+    std::vector<int> v(100000, 1);
+    sluice::pipeline p(sluice::from(v) | sluice::map([](int x) {
+                           std::this_thread::sleep_for(std::chrono::microseconds(50));
+                           return x;
+                       }),
+                       {.progress = std::chrono::milliseconds(10),
+                        .on_progress = [](const sluice::pipeline_figures&) {
+                            throw std::runtime_error("the dashboard is down");
+                        }});
+    std::size_t n = 0;
+    try {
+        for (int x : p) n += static_cast<std::size_t>(x);
+        FAIL("the pipeline ended without the callback's error");
+    } catch (const std::runtime_error& e) {
+        REQUIRE(std::string(e.what()) == "the dashboard is down");
+    }
+    REQUIRE(n < v.size());  // it ended early
+}
+
+TEST_CASE("stop() returns when a coroutine consumer's executor has stopped", "[pipeline][stop]") {
+    std::vector<int> v(10, 1);
+    sluice::pipeline p(sluice::from(v) | sluice::map([](int x) {
+                           std::this_thread::sleep_for(std::chrono::seconds(1));  // nothing ready yet
+                           return x;
+                       }));
+    asio::io_context io;
+    std::atomic<bool> finished{false};
+    sluice::spawn(io.get_executor(),
+                  [](sluice::pipeline<int>& p, std::atomic<bool>& finished) -> sluice::task<void> {
+                      while (co_await p.next()) {
+                      }
+                      finished = true;
+                  }(p, finished),
+                  [](std::exception_ptr) {});
+    io.run();  // returns once the coroutine suspends in next(): spawn holds no work
+    REQUIRE_FALSE(finished.load());
+    const auto t0 = std::chrono::steady_clock::now();
+    p.stop();  // used to spin for ever, waiting for the suspended reader
+    REQUIRE(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));  // a hang test
+    io.restart();
+    io.run();  // the coroutine wakes to the end of the stream and finishes
+    REQUIRE(finished.load());
+}

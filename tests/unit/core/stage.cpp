@@ -6,7 +6,13 @@
 #include <sluice/ops/from.hpp>
 #include <sluice/ops/map.hpp>
 
+#include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
+
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <stop_token>
 #include <thread>
 
 namespace {
@@ -15,6 +21,14 @@ std::vector<int> iota(int n) {
     for (int i = 0; i < n; ++i) v[i] = i;
     return v;
 }
+struct timer_wait {
+    asio::steady_timer& t;
+    bool await_ready() { return false; }
+    void await_suspend(std::coroutine_handle<> h) {
+        t.async_wait([h](const std::error_code&) { h.resume(); });
+    }
+    void await_resume() {}
+};
 template <class T>
 std::vector<T> drain(sluice::source<T> s, sluice::pipeline_options o = {}) {
     std::vector<T> out;
@@ -123,4 +137,70 @@ TEST_CASE("an upstream error reaches the consumer after every item, through an o
         REQUIRE_THROWS_WITH([&] { for (int x : p) got.push_back(x); }(), "shard 3 truncated at byte 4096");
         REQUIRE(got == iota(100));
     }
+}
+
+TEST_CASE("a custom stage that catches everything and sends in a loop still ends at stop", "[stage][stop]") {
+    std::atomic<int> swallowed{0};
+    auto stubborn = sluice::make_stage<void, int>(
+        "stubborn", {}, [&swallowed](sluice::stage_context<void, int>& ctx) -> sluice::task<void> {
+            for (int i = 0;; ++i) {
+                try {
+                    co_await ctx.out.send(i);
+                } catch (...) {  // a user's catch-all: swallows the stop too
+                    ++swallowed;
+                }
+            }
+        });
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+        sluice::pipeline p(stubborn);
+        for (int k = 0; k < 3; ++k) REQUIRE(p.next_blocking());
+        p.stop();  // the body's second send after the stop parks it for good
+    }
+    REQUIRE(swallowed.load() == 1);
+    REQUIRE(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));  // a hang test
+}
+
+TEST_CASE("a stage that catches everything around next() still ends at stop", "[stage][stop]") {
+    std::atomic<int> swallowed{0};
+    auto stubborn = sluice::make_stage<int, int>(
+        "stubborn", {}, [&swallowed](sluice::stage_context<int, int>& ctx) -> sluice::task<void> {
+            for (;;) {
+                try {
+                    auto x = co_await ctx.in.next();
+                    if (x) co_await ctx.out.send(*x);
+                } catch (...) {
+                    ++swallowed;
+                }
+            }
+        });
+    std::vector<int> many(100000, 1);
+    sluice::pipeline p(sluice::from(many) | stubborn);
+    REQUIRE(p.next_blocking());
+    p.stop();
+    REQUIRE(swallowed.load() >= 1);
+    REQUIRE_FALSE(p.next_blocking());
+}
+
+TEST_CASE("a stage's stop token is requested when the pipeline stops and when its consumer is gone",
+          "[stage][stop]") {
+    // A user's coroutine waiting on something of its own (here a timer) ends through the
+    // token: std::stop_callback cancels the wait.
+    std::atomic<bool> woke{false};
+    auto waiter = sluice::make_stage<void, int>(
+        "waiter", {.on = sluice::pool::io}, [&woke](sluice::stage_context<void, int>& ctx) -> sluice::task<void> {
+            co_await ctx.out.send(1);
+            auto ex = co_await sluice::current_executor();
+            asio::steady_timer timer(ex, std::chrono::hours(1));
+            std::stop_callback cb(ctx.stop, [&timer, ex] { asio::post(ex, [&timer] { timer.cancel(); }); });
+            co_await timer_wait{timer};
+            woke = ctx.stopping();
+        });
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+        sluice::pipeline p(waiter);
+        REQUIRE(p.next_blocking());
+    }  // the destructor stops it
+    REQUIRE(woke.load());
+    REQUIRE(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
 }

@@ -403,3 +403,60 @@ TEST_CASE("batches not in staging memory are copied and counted as unstaged", "[
             if (s.name == "to_device" && name == "unstaged") unstaged = v;
     REQUIRE(unstaged == 4);
 }
+
+TEST_CASE("holding every ring batch and asking for another is an error naming the ring, not a hang",
+          "[to_device][errors]") {
+    auto eng = std::make_shared<sluice::host_engine>();
+    sluice::pipeline p(sluice::from(make_records(100)) | sluice::batch({.size = 5}) |
+                       sluice::to_device({.ring = 3}, eng));
+    std::vector<sluice::device_batch> held;  // gradient accumulation that keeps them all
+    for (int i = 0; i < 3; ++i) held.push_back(*p.next_blocking());
+    try {
+        (void)p.next_blocking();
+        FAIL("a fourth batch arrived while the trainer held all three");
+    } catch (const sluice::error& e) {
+        const std::string what = e.what();
+        REQUIRE(what.find("holds all 3 ring batches") != std::string::npos);
+        REQUIRE(what.find(".ring = N") != std::string::npos);
+    }
+    held.erase(held.begin());  // the fix: give one back; the pipeline goes on
+    auto fourth = p.next_blocking();
+    REQUIRE(fourth);
+    fourth->synchronize();
+    REQUIRE(device_text(*fourth, 0) == record_text(15));
+}
+
+TEST_CASE("a batch released from another thread is not mistaken for a deadlock", "[to_device]") {
+    auto eng = std::make_shared<sluice::host_engine>();
+    sluice::pipeline p(sluice::from(make_records(40)) | sluice::batch({.size = 5}) |
+                       sluice::to_device({.ring = 2}, eng));
+    std::vector<sluice::device_batch> held;
+    for (int i = 0; i < 2; ++i) held.push_back(*p.next_blocking());
+    std::thread releaser([&] {
+        std::this_thread::sleep_for(100ms);
+        held.clear();
+    });
+    REQUIRE(p.next_blocking());  // waits for the release instead of failing
+    releaser.join();
+}
+
+TEST_CASE("an exception in the host engine's copy work ends the pipeline with that error", "[to_device][errors]") {
+    std::atomic<int> copies{0};
+    auto eng = std::make_shared<sluice::host_engine>(sluice::host_engine_options{.before_copy = [&] {
+        if (++copies == 3) throw std::runtime_error("the bus fell over");
+    }});
+    sluice::pipeline p(sluice::from(make_records(200)) | sluice::batch({.size = 5}) |
+                       sluice::to_device({.ring = 3}, eng));
+    std::string what;
+    int good = 0;
+    try {
+        for (auto& b : p) {
+            b.synchronize();
+            ++good;
+        }
+    } catch (const sluice::error& e) {
+        what = e.what();
+    }
+    REQUIRE(good == 2);
+    REQUIRE(what.find("the bus fell over") != std::string::npos);
+}

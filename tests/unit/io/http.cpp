@@ -10,6 +10,11 @@
 #include <sluice/io/list.hpp>
 #include <sluice/ops/plan.hpp>
 
+#include <arpa/inet.h>
+#include <curl/curl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <fstream>
@@ -344,4 +349,116 @@ TEST_CASE("fetch: ordered, an error reaches the consumer after every object befo
     REQUIRE(error == "sluice: cannot fetch (HTTP 404) '" + nginx.url("f112.txt") + "'");
     REQUIRE(got.size() == 12);
     for (std::size_t i = 0; i < got.size(); ++i) REQUIRE(got[i] == "object " + std::to_string(i));
+}
+
+namespace {
+// Stops `p` and gives the seconds stop() took.
+template <class T>
+double seconds_to_stop(sluice::pipeline<T>& p) {
+    const auto t0 = std::chrono::steady_clock::now();
+    p.stop();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+TEST_CASE("fetch: stop returns at once while transfers stall, ordered or not", "[http][stop]") {
+    sluice_test::temp_dir www;
+    sluice::detail::rng r(5);
+    for (int i = 0; i < 64; ++i) www.write("o/" + std::to_string(i) + ".bin", random_bytes(r, 200'000));
+    // 30 % of bodies stall for two minutes halfway through.
+    sluice_test::fault_server faults(www.path().string(), {"--pstall", "0.3", "--stall-s", "120", "--seed", "5"});
+    for (auto order : {sluice::ordering::unordered, sluice::ordering::ordered}) {
+        sluice::pipeline p(sluice::list(faults.url("o/{0..63}.bin")) | sluice::plan() |
+                           sluice::fetch({.in_flight = 16,
+                                          .order = order,
+                                          .chunk_size = 64 << 10,
+                                          .stall = std::chrono::seconds(2)}) |  // so the first items come
+                           sluice::raw());
+        for (int k = 0; k < 3; ++k) REQUIRE(p.next_blocking());
+        const double s = seconds_to_stop(p);
+        INFO("stop took " << s << " s");
+        REQUIRE(s < 5);  // a hang test: the stall is 120 s
+    }
+}
+
+TEST_CASE("fetch: stop returns at once against a black-holed endpoint and during backoff", "[http][stop]") {
+    // A listening socket that never accepts: connections complete in the kernel, and no
+    // byte ever comes back.
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(fd, 64) == 0);
+    socklen_t len = sizeof a;
+    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    const std::string hole = "http://127.0.0.1:" + std::to_string(ntohs(a.sin_port)) + "/x{0..7}.bin";
+    const std::string refused = "http://127.0.0.1:" + std::to_string(sluice_test::free_port()) + "/y{0..7}.bin";
+    for (const auto& url : {hole, refused}) {
+        INFO(url);
+        sluice::pipeline p(sluice::list(url) | sluice::plan() |
+                           sluice::fetch({.in_flight = 8,
+                                          .backoff_base = std::chrono::seconds(20),  // refused: waits in backoff
+                                          .backoff_cap = std::chrono::seconds(60)}));
+        p.start();
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        const double s = seconds_to_stop(p);
+        INFO("stop took " << s << " s");
+        REQUIRE(s < 5);
+        REQUIRE_FALSE(p.next_blocking());  // stopped, not failed: nothing more, no error
+    }
+    ::close(fd);
+}
+
+namespace {
+std::string http_get(const std::string& url) {
+    std::string body;
+    CURL* e = curl_easy_init();
+    curl_easy_setopt(e, CURLOPT_URL, url.c_str());
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, +[](char* p, std::size_t s, std::size_t n, void* ud) {
+        static_cast<std::string*>(ud)->append(p, s * n);
+        return s * n;
+    });
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, &body);
+    const CURLcode rc = curl_easy_perform(e);
+    curl_easy_cleanup(e);
+    REQUIRE(rc == CURLE_OK);
+    return body;
+}
+std::uint64_t concurrent_max(const std::string& stats) {  // "requests N concurrent_max M"
+    return std::stoull(stats.substr(stats.find("concurrent_max ") + 15));
+}
+}  // namespace
+
+TEST_CASE("fetch: ordered, 503s shrink the requests in flight, not only the limit", "[http][faults]") {
+    sluice_test::temp_dir www;
+    for (int i = 0; i < 300; ++i) www.write("s/" + std::to_string(i) + ".txt", std::string(200, 'x') + "\n");
+    sluice_test::fault_server faults(www.path().string(), {"--p503", "0.5", "--seed", "3", "--ttfb-ms", "5"});
+    sluice::pipeline p(sluice::list(faults.url("s/{0..299}.txt")) | sluice::plan() |
+                       sluice::fetch({.in_flight = 32,
+                                      .order = sluice::ordering::ordered,
+                                      .retries = 60,
+                                      .backoff_base = std::chrono::milliseconds(1),
+                                      .backoff_cap = std::chrono::milliseconds(10)}) |
+                       sluice::lines());
+    std::size_t n = 0;
+    bool measuring = false;
+    std::uint64_t lowest_limit = 32;
+    for (auto& rec : p) {
+        n += !rec.data.empty();
+        lowest_limit = std::min(lowest_limit, counter(p.figures(), "fetch", "in_flight_limit"));
+        if (!measuring && lowest_limit <= 8) {  // the limit has fallen: from now on, count at the server
+            http_get(faults.url("__stats?reset"));
+            measuring = true;
+        }
+    }
+    REQUIRE(n == 300);
+    REQUIRE(measuring);
+    REQUIRE(counter(p.figures(), "fetch", "throttled") > 100);
+    // 32 workers each hold an object: before every request took a permit, ordered first
+    // requests and all retries went ahead without one, so about 32 stayed in flight.
+    const auto most = concurrent_max(http_get(faults.url("__stats")));
+    INFO("most requests at the server at once after the limit fell: " << most);
+    REQUIRE(most <= 16);
 }

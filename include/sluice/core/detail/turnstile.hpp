@@ -4,6 +4,7 @@
 // cancel() wakes every waiter with a stop, so shutdown never waits on a turn.
 
 #include <sluice/core/channel.hpp>
+#include <sluice/core/error.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -11,10 +12,6 @@
 #include <vector>
 
 namespace sluice::detail {
-
-/// Thrown inside a stage worker when the pipeline stops under it (a send to a cancelled
-/// channel, a cancelled turn); the stage runner treats it as a clean stop, not an error.
-struct stopped {};
 
 class turnstile {
     struct turn_waiter : waiter {
@@ -55,6 +52,12 @@ public:
 
     awaiter wait(std::uint64_t ticket) { return awaiter{*this, ticket}; }
 
+    /// The ticket whose turn it is now.
+    std::uint64_t current() const {
+        std::lock_guard lock(m_);
+        return next_;
+    }
+
     void done(std::uint64_t ticket) {
         std::lock_guard lock(m_);
         next_ = ticket + 1;
@@ -77,7 +80,7 @@ public:
     }
 
 private:
-    std::mutex m_;
+    mutable std::mutex m_;
     std::uint64_t next_ = 0;
     bool cancelled_ = false;
     std::vector<turn_waiter*> waiting_;

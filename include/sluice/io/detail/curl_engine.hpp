@@ -125,7 +125,8 @@ public:
     void add(std::shared_ptr<http_transfer> t) { command(kind::add, std::move(t)); }
     /// After the coroutine took a chunk: unpause the transfer if it was paused.
     void resume(std::shared_ptr<http_transfer> t) { command(kind::resume, std::move(t)); }
-    /// Abandons a transfer (the pipeline stopped).
+    /// Abandons a transfer (the pipeline stopped): it ends with CURLE_ABORTED_BY_CALLBACK
+    /// and its reader wakes.
     void cancel(std::shared_ptr<http_transfer> t) { command(kind::cancel, std::move(t)); }
 
 private:
@@ -201,9 +202,11 @@ private:
             break;
         }
         case kind::cancel:
+            // Ends the transfer now and wakes its reader, which may be waiting for a
+            // chunk that a stalled server would never send.
             if (t.easy && live_.erase(t.easy)) {
                 curl_multi_remove_handle(multi_, t.easy);
-                release(t);
+                finish(t, CURLE_ABORTED_BY_CALLBACK);
             }
             break;
         }
