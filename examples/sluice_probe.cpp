@@ -97,6 +97,8 @@ options:
   --mmap                 map files instead of reading them (faster; a file that shrinks
                          while mapped ends the process with SIGBUS)
   --no-crc               skip the per-record crc32 (measures the pipeline alone)
+  --max-record-bytes N   the largest record (line, object, TFRecord...) a decoder holds;
+                         a larger one is corrupt (default 1073741824)
   --progress SECONDS     progress line interval on stderr; 0 = none (default 1)
   --quiet                no progress line and no table
   --json                 one JSON object with the figures on stdout
@@ -106,6 +108,7 @@ options:
 struct options {
     std::string format = "lines";
     sluice::on_corrupt on_corrupt = sluice::on_corrupt::error;
+    std::size_t max_record_bytes = std::size_t{1} << 30;
     std::size_t batch = 32;
     bool drop_last = false;
     unsigned collate_threads = 1;
@@ -271,6 +274,9 @@ options parse(int argc, char** argv) {
             o.pinned = true;
         } else if (a == "--no-crc") {
             o.crc = false;
+        } else if (a == "--max-record-bytes") {
+            o.max_record_bytes = number<std::size_t>(a, value());
+            if (o.max_record_bytes == 0) usage_error("--max-record-bytes must be at least 1");
         } else if (a == "--progress") {
             o.progress = number<double>(a, value());
         } else if (a == "--quiet") {
@@ -330,6 +336,7 @@ void finish_report(sluice::detail::json_writer& w, const sluice::pipeline_figure
                        "cache_write_failures", "cache_evictions"})
             w.key(c).value(total_counter(f, c));
     w.key("peak_rss_bytes").value(peak_rss_bytes());
+    w.key("io_loop_cpu_s").value(f.io_loop_cpu_s);
     if (budget_bytes) w.key("budget_bytes").value(*budget_bytes);
     w.key("bottleneck").value(f.bottleneck());
     w.key("stages");
@@ -533,13 +540,19 @@ int main(int argc, char** argv) {
                                              .map = o.map,
                                              .out = {16, o.channel_bytes}});
     if (o.format == "chunks") return count_chunks(src, o, http);
-    const sluice::decode_options decode{.on_corrupt = o.on_corrupt, .out = {1024, o.channel_bytes}};
-    auto records = o.format == "raw"        ? src | sluice::raw({64, o.channel_bytes})
+    const sluice::decode_options decode{
+        .on_corrupt = o.on_corrupt, .max_record_bytes = o.max_record_bytes, .out = {1024, o.channel_bytes}};
+    auto records = o.format == "raw"        ? src | sluice::raw({.on_corrupt = o.on_corrupt,
+                                                                     .max_record_bytes = o.max_record_bytes,
+                                                                     .out = sluice::channel_limits{64, o.channel_bytes}})
                    : o.format == "tar"      ? src | sluice::tar(decode)
                    : o.format == "tfrecord" ? src | sluice::tfrecord(decode)
                    : o.format == "recordio" ? src | sluice::recordio(decode)
                                             : src | sluice::gunzip({.on_corrupt = o.on_corrupt}) |
-                                                  sluice::lines({1024, o.channel_bytes}, sluice::compression::none);
+                                                  sluice::lines({.on_corrupt = o.on_corrupt,
+                                                                 .gzip = sluice::compression::none,
+                                                                 .max_record_bytes = o.max_record_bytes,
+                                                                 .out = sluice::channel_limits{1024, o.channel_bytes}});
     if (!o.write_counts.empty()) {
         try {
             const auto n = sluice::count_records(records, sluice::expand(o.sources, o.s3),

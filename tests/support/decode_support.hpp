@@ -51,6 +51,9 @@ template <class Out>
 struct parsed {
     std::vector<Out> out;
     std::uint64_t skipped = 0;
+    std::uint64_t incomplete = 0;  // WebDataset samples dropped as cut by a loss
+    std::uint64_t held_peak = 0;   // the most bytes held between chunks
+    std::uint64_t held_after = 0;  // held when the parse ended (0 unless broken off)
     std::string error;
     bool slices_of_chunks = true;  // every output lying inside one chunk was a slice of it
 };
@@ -61,6 +64,7 @@ struct policy_opts {
     std::size_t max_record_bytes = std::size_t{1} << 30;
     bool gunzip = false;
     std::size_t data_at = 0;  // bytes from a record's offset to its data (header size)
+    std::vector<std::string> required = {};  // WebDataset
 };
 
 inline std::string bytes_str(const sluice::bytes& b) { return std::string(b.view()); }
@@ -76,8 +80,11 @@ inline std::vector<std::string> strings(const std::vector<sluice::record>& rs) {
 template <class Parser, class Out>
 parsed<Out> parse_chunks(std::vector<sluice::chunk> chunks, policy_opts po = {}) {
     parsed<Out> p;
-    std::atomic<std::uint64_t> skipped{0}, ignored{0};
+    std::atomic<std::uint64_t> skipped{0}, ignored{0}, incomplete{0}, held{0}, held_peak{0};
     auto pol = std::make_shared<sluice::detail::parse_policy>();
+    pol->incomplete = &incomplete;
+    pol->required = po.required;
+    pol->held = {&held, &held_peak};
     pol->corrupt = po.corrupt;
     pol->verify = po.verify;
     pol->max_record_bytes = po.max_record_bytes;
@@ -117,6 +124,9 @@ parsed<Out> parse_chunks(std::vector<sluice::chunk> chunks, policy_opts po = {})
         p.error = e.what();
     }
     p.skipped = skipped.load();
+    p.incomplete = incomplete.load();
+    p.held_peak = held_peak.load();
+    p.held_after = held.load();
     return p;
 }
 

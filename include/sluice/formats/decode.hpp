@@ -11,28 +11,40 @@
 #include <functional>
 #include <unordered_map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace sluice {
 
-/// Options of tfrecord(), recordio(), tar() and webdataset().
+/// Options of every format: lines(), raw(), tfrecord(), recordio(), tar(), webdataset().
 struct decode_options {
-    /// Corrupt input: fail with an error naming shard and byte offset, or skip and count.
+    /// Corrupt input (and a record over max_record_bytes): fail with an error naming
+    /// shard and byte offset, or skip and count.
     sluice::on_corrupt on_corrupt = sluice::on_corrupt::error;
-    /// Inflate gzip'd shards first (".gz" names or the gzip magic by default).
-    compression gzip = compression::detect;
+    /// Inflate gzip'd shards first. Unset: the format's default, compression::detect
+    /// (".gz" names or the gzip magic), except raw(): compression::none (bytes as stored).
+    std::optional<compression> gzip = std::nullopt;
     /// Check the format's checksums (TFRecord's CRC32C of length and data). Tar header
-    /// checksums are always checked: they are what finds a header at all.
+    /// checksums are always checked: they are what finds a header at all. Formats without
+    /// checksums (lines, raw) ignore it.
     bool verify = true;
-    /// A record larger than this is treated as corrupt instead of allocated: a damaged
-    /// length field must not ask for terabytes.
+    /// The largest record a format gives (a line, a whole object for raw, a TFRecord, a
+    /// RecordIO record, a tar member), counted in uncompressed bytes: a larger one is
+    /// treated as corrupt instead of held or allocated, so a damaged length field, a file
+    /// without newlines or a huge object cannot take memory without bound. What a stage
+    /// holds meanwhile is in its "held_bytes" and "held_bytes_peak" counters.
     std::size_t max_record_bytes = std::size_t{1} << 30;
     /// Called for each corruption skipped under on_corrupt::skip (on the stage's worker
     /// thread), with the error that would have been thrown: to log what was lost.
     std::function<void(const source_error&)> on_skip = nullptr;
-    /// Capacity of the output channel, in records and bytes.
-    channel_limits out = {1024, 64u << 20};
+    /// Capacity of the output channel, in records and bytes. Left at {0, 0} (`items` 0):
+    /// the format's default, {1024, 64 MiB}, except raw(): {64, 256 MiB}.
+    channel_limits out = {0, 0};
+    /// webdataset() only: fields (extensions) every sample must have, e.g. {"jpg", "cls"}.
+    /// A sample without one is a corrupt record (an error, or under skip dropped and
+    /// counted in "corrupt").
+    std::vector<std::string> required = {};
 };
 
 /// Options of gunzip().
@@ -40,8 +52,15 @@ struct gzip_options {
     compression mode = compression::detect;
     sluice::on_corrupt on_corrupt = sluice::on_corrupt::error;
     std::function<void(const source_error&)> on_skip = nullptr;
-    /// Bytes per inflated chunk.
+    /// Bytes per inflated chunk: what one shard being inflated holds, whatever the ratio.
     std::size_t chunk_size = 4u << 20;
+    /// gunzip's record is a gzip member: the most bytes one member may inflate to (a
+    /// member over it is corrupt: an error, or under skip dropped from there to the next
+    /// member). No limit by default: a .gz file is usually one member, memory is bounded
+    /// by chunk_size whatever the ratio, and the records of the format behind are bounded
+    /// by its own max_record_bytes (in uncompressed bytes). Set it to stop a
+    /// decompression bomb early rather than stream all of it.
+    std::uint64_t max_record_bytes = ~std::uint64_t{0};
     channel_limits out = {16, 64u << 20};
 };
 
@@ -144,10 +163,26 @@ std::shared_ptr<parse_policy> policy_for(const Opt& o, stage_stats& st, runtime&
     return p;
 }
 
-/// A format stage: one parser per shard on one CPU worker (a shard's chunks must meet
-/// one parser in order), after a gunzip stage unless compression::none.
+/// What a format stage does when its options leave a choice unset.
+struct format_defaults {
+    compression gzip = compression::detect;
+    channel_limits out = {1024, 64u << 20};
+    bool webdataset = false;  // registers the "ignored" and "incomplete" counters
+};
+
+/// A format stage: `make(policy)` gives the decoder (`void d(chunk&&, std::vector<Out>&)`,
+/// keeping one state per shard), run on one CPU worker (a shard's chunks must meet one
+/// decoder in order), after a gunzip stage unless the gzip option is compression::none.
+template <class Out, class Make>
+stage<chunk, Out> format_stage(std::string name, decode_options o, format_defaults d, Make make);
+
+/// A format stage of one Parser per shard (see shard_parsers).
 template <class Parser, class Out>
-stage<chunk, Out> decoder(std::string name, decode_options o, bool counts_ignored = false);
+stage<chunk, Out> decoder(std::string name, decode_options o, format_defaults d = {}) {
+    return format_stage<Out>(std::move(name), std::move(o), d, [](std::shared_ptr<const parse_policy> pol) {
+        return shard_parsers<Parser, Out>(std::move(pol));
+    });
+}
 
 }  // namespace detail
 
@@ -155,7 +190,9 @@ stage<chunk, Out> decoder(std::string name, decode_options o, bool counts_ignore
 /// (flagged `inflated`: their offsets count uncompressed bytes); shards that are not gzip
 /// (by name or magic, under compression::detect) pass through untouched. Members of a
 /// multi-member file are inflated one after another; zeros after a member are ignored.
-/// Backpressure: one partly filled chunk per shard in flight plus the output channel.
+/// Backpressure: one partly filled chunk per shard in flight plus the output channel:
+/// a chunk that inflates a thousandfold (a decompression bomb) costs time, not memory.
+/// A member inflating to more than `.max_record_bytes` (no limit by default) is corrupt.
 /// Errors: a broken or truncated stream is a sluice::source_error naming the shard and
 /// the compressed byte offset; under on_corrupt::skip it is counted ("corrupt") and
 /// inflating resumes at the next member's header, if any: what the broken member's tail
@@ -167,29 +204,38 @@ stage<chunk, Out> decoder(std::string name, decode_options o, bool counts_ignore
 /// Example: `sluice::read() | sluice::gunzip() | sluice::lines()`
 inline stage<chunk, chunk> gunzip(gzip_options o = {}) {
     return make_stage<chunk, chunk>(
-        "gunzip", {.on = pool::cpu, .buffer = o.out}, [o](stage_context<chunk, chunk>& ctx) {
-            return detail::gunzip_worker(
-                ctx, detail::gunzip_decoder(detail::policy_for(o, ctx.stats, ctx.rt), o.mode, o.chunk_size));
+        "gunzip", {.on = pool::cpu, .out = o.out}, [o](stage_context<chunk, chunk>& ctx) {
+            auto pol = detail::policy_for(o, ctx.stats, ctx.rt);
+            pol->max_member_bytes = o.max_record_bytes;
+            return detail::gunzip_worker(ctx, detail::gunzip_decoder(std::move(pol), o.mode, o.chunk_size));
         });
 }
 
-template <class Parser, class Out>
-stage<chunk, Out> detail::decoder(std::string name, decode_options o, bool counts_ignored) {
+template <class Out, class Make>
+stage<chunk, Out> detail::format_stage(std::string name, decode_options o, format_defaults d, Make make) {
+    const compression gz = o.gzip.value_or(d.gzip);
+    const channel_limits out = o.out.items ? o.out : d.out;
+    gzip_options g;
+    g.mode = gz;
+    g.on_corrupt = o.on_corrupt;
+    g.on_skip = o.on_skip;
     auto parse = make_stage<chunk, Out>(
-        std::move(name), {.on = pool::cpu, .buffer = o.out},
-        [o, counts_ignored](stage_context<chunk, Out>& ctx) {
+        std::move(name), {.on = pool::cpu, .out = out},
+        [o = std::move(o), d, make = std::move(make)](stage_context<chunk, Out>& ctx) {
             auto pol = policy_for(o, ctx.stats, ctx.rt);
             pol->verify = o.verify;
             pol->max_record_bytes = o.max_record_bytes;
-            if (counts_ignored) pol->ignored = &ctx.stats.counter("ignored");
-            return decode_worker(ctx, selecting<shard_parsers<Parser, Out>>{shard_parsers<Parser, Out>(std::move(pol)), {}});
+            pol->held = {&ctx.stats.counter("held_bytes"), &ctx.stats.counter("held_bytes_peak")};
+            if (d.webdataset) {
+                pol->ignored = &ctx.stats.counter("ignored");
+                pol->incomplete = &ctx.stats.counter("incomplete");
+                pol->required = o.required;
+            }
+            using D = decltype(make(std::shared_ptr<const parse_policy>(pol)));
+            return decode_worker(ctx, selecting<D>{make(std::move(pol)), {}});
         },
         /*counts_records=*/true);
-    if (o.gzip == compression::none) return parse;
-    gzip_options g;
-    g.mode = o.gzip;
-    g.on_corrupt = o.on_corrupt;
-    g.on_skip = o.on_skip;
+    if (gz == compression::none) return parse;
     return gunzip(std::move(g)) | std::move(parse);
 }
 

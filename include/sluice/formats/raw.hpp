@@ -13,44 +13,90 @@ namespace sluice {
 
 namespace detail {
 class raw_decoder {
+    struct state {
+        growable_block data;  // the object so far
+        held_count held;      // data's bytes, in the stage's held_bytes
+        bool dropped = false; // over the limit, or bytes lost upstream
+    };
+
 public:
+    explicit raw_decoder(std::shared_ptr<const parse_policy> pol = std::make_shared<parse_policy>())
+        : pol_(std::move(pol)) {}
+
     void operator()(chunk&& c, std::vector<record>& out) {
-        if (c.offset == 0 && c.last) {  // the whole object in one chunk: no copy
+        const std::size_t lim = pol_->max_record_bytes;
+        auto over = [&](std::uint64_t size, const char* how) {
+            corrupt(*pol_, *c.source, c.inflated, std::string("object of ") + how + std::to_string(size) + " bytes" + over_limit(lim), 0);
+        };
+        auto it = states_.find(c.source.get());
+        if (it == states_.end() && c.offset == 0 && c.last && !c.gap) {  // the whole object in one chunk: no copy
+            if (c.data.size() > lim) return over(c.data.size(), "");
             out.push_back(record{std::move(c.data), c.source, 0, 0, {}});
             return;
         }
-        // Keep the parts (slices, no copy) and join them once at the end.
-        auto& parts = partial_[c.source.get()];
-        parts.push_back(std::move(c.data));
-        if (!c.last) return;
-        std::size_t total = 0;
-        for (auto& p : parts) total += p.size();
-        auto joined = std::make_shared<buffer>(total ? total : 1);
-        std::byte* dst = joined->data();
-        for (auto& p : parts) {
-            if (!p.empty()) std::memcpy(dst, p.data(), p.size());
-            dst += p.size();
+        if (it == states_.end()) {
+            it = states_.try_emplace(c.source.get()).first;
+            it->second.held.use(&pol_->held);
         }
-        out.push_back(record{bytes(std::move(joined), total), c.source, 0, 0, {}});
-        partial_.erase(c.source.get());
+        state& st = it->second;
+        try {
+            if (c.gap && !st.dropped) {  // bytes were lost upstream (and counted there): the object is gone
+                st.dropped = true;
+                st.data.clear();
+                st.held.set(0);
+            }
+            if (!st.dropped) {
+                const std::uint64_t size = std::uint64_t{st.data.size()} + c.data.size();
+                if (size > lim) {
+                    st.dropped = true;
+                    st.data.clear();
+                    st.held.set(0);
+                    over(size, c.last ? "" : "at least ");
+                } else {
+                    // Copied in as it comes, so the chunk goes back at once: the object
+                    // plus one chunk at most, not twice the object.
+                    st.data.append(c.data.data(), c.data.size(), lim);
+                    st.held.set(st.data.size());
+                }
+            }
+            if (c.last && !st.dropped) out.push_back(record{st.data.release(), c.source, 0, 0, {}});
+        } catch (...) {
+            states_.erase(it);
+            throw;
+        }
+        if (c.last) states_.erase(it);
     }
 
 private:
-    std::unordered_map<const shard*, std::vector<bytes>> partial_;
+    std::shared_ptr<const parse_policy> pol_;
+    std::unordered_map<const shard*, state> states_;
 };
 }  // namespace detail
 
 /// Takes: chunks. Gives: one record per shard holding all its bytes. An object that fits
-/// one chunk is passed on without a copy; a larger one is assembled (one copy), so give
-/// read() a chunk_size above your typical object size. Bytes are given as stored: put
-/// sluice::gunzip() before raw() to inflate gzip'd objects.
-/// Backpressure: holds at most one object per file in flight while assembling it.
-/// Errors: none of its own; upstream errors pass through.
+/// one chunk is passed on without a copy; a larger one is assembled (one copy, made as
+/// its chunks arrive, each chunk given back at once), so give read() a chunk_size above
+/// your typical object size. Bytes are given as stored unless `.gzip` says otherwise
+/// (or put sluice::gunzip() before raw()).
+/// Backpressure: per file in flight, the object being assembled, of at most
+/// `.max_record_bytes` (its "held_bytes" counter shows it), plus the output channel
+/// ({64, 256 MiB} by default; a record larger than its byte budget still passes, alone).
+/// Memory: an object of N bytes in several chunks takes N bytes plus one chunk while it
+/// is assembled (the block grows by realloc, which for large blocks remaps pages instead
+/// of copying them), then the N-byte record.
+/// Errors: an object larger than `.max_record_bytes` (default 1 GiB): a
+/// sluice::source_error naming the shard, byte 0 and the limit. Under on_corrupt::skip it
+/// is counted ("corrupt") and dropped as its bytes arrive, and the next objects are
+/// given. An object that lost bytes upstream (gunzip skipping a broken member) is dropped
+/// (gunzip counted it). Upstream errors pass through.
 /// Cancellation: stops at the next send.
 /// Example: `sluice::list("images/*.jpg") | sluice::plan() | sluice::read() | sluice::raw()`
-inline stage<chunk, record> raw(channel_limits out = {64, 256u << 20}) {
-    return make_item_stage<chunk, record>("raw", {.on = pool::cpu, .buffer = out}, detail::selecting<detail::raw_decoder>{},
-                                          /*counts_records=*/true);
+///          `... | sluice::raw({.max_record_bytes = std::size_t{3} << 30})` for objects up to 3 GiB.
+inline stage<chunk, record> raw(decode_options o = {}) {
+    return detail::format_stage<record>("raw", std::move(o), {.gzip = compression::none, .out = {64, 256u << 20}},
+                                        [](std::shared_ptr<const detail::parse_policy> pol) {
+                                            return detail::raw_decoder(std::move(pol));
+                                        });
 }
 
 }  // namespace sluice

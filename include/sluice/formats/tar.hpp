@@ -28,16 +28,24 @@ inline stage<chunk, record> tar(decode_options o = {}) {
 /// key (the path up to the first dot of the file name) make one sample, with one field
 /// per extension (lower-cased, e.g. "jpg", "seg.png"). Files without an extension are
 /// ignored and counted ("ignored"), as WebDataset does. A sample never spans two shards.
-/// Errors: those of tar(), and a key repeating an extension in one sample (under
-/// on_corrupt::skip: the repeat is dropped and counted). Under on_corrupt::error the
-/// samples completed before the corruption are delivered; the one still open (whose
-/// files may continue past the corrupt point) is not.
+/// Errors: those of tar(), a key repeating an extension in one sample (under
+/// on_corrupt::skip: the repeat is dropped and counted), and a sample without one of the
+/// `.required` fields (e.g. `webdataset({.required = {"jpg", "cls"}})`; under skip:
+/// dropped and counted in "corrupt"). Under on_corrupt::error the samples completed
+/// before the corruption are delivered; the one still open (whose files may continue
+/// past the corrupt point) is not.
+/// Under on_corrupt::skip no sample is given out partial: a corruption that loses bytes
+/// (a bad header, a member over max_record_bytes, a broken gzip member, a truncated
+/// archive) may have cut the sample open at it and the sample begun right after it (its
+/// first files may have been in the lost bytes), so both are dropped and counted in the
+/// stage's "incomplete" counter (the corruption itself in "corrupt"): one corruption
+/// costs at most two samples. A member after the end-of-archive marker loses nothing.
 /// Example:
 ///   for (auto& s : sluice::pipeline(sluice::list("shards/{000..099}.tar") | sluice::plan() |
 ///                                   sluice::read() | sluice::webdataset()))
 ///       decode_jpeg(s.at("jpg")), label(s.at("cls"));
 inline stage<chunk, sample> webdataset(decode_options o = {}) {
-    return detail::decoder<detail::webdataset_parser, sample>("webdataset", std::move(o), /*counts_ignored=*/true);
+    return detail::decoder<detail::webdataset_parser, sample>("webdataset", std::move(o), {.webdataset = true});
 }
 
 }  // namespace sluice

@@ -151,3 +151,58 @@ TEST_CASE("gunzip: a chunk that inflates a thousandfold is given out one output 
     REQUIRE(total == zeros.size());
     REQUIRE(steps >= 64);
 }
+
+TEST_CASE("gunzip: a member inflating past max_record_bytes is an error naming shard and member; skip reads on", "[gzip][corrupt][limit]") {
+    const std::string a(1000, 'a'), bomb(1u << 20, '\0'), c = "after";
+    const auto ga = sluice_test::gzip(a), gb = sluice_test::gzip(bomb, 9), gc = sluice_test::gzip(c);
+    const std::string gz = ga + gb + gc;
+    auto run = [&](sluice::on_corrupt oc) {
+        std::atomic<std::uint64_t> skipped{0};
+        auto pol = std::make_shared<sluice::detail::parse_policy>();
+        pol->corrupt = oc;
+        pol->skipped = &skipped;
+        pol->max_member_bytes = 64 << 10;
+        sluice::detail::gunzip_decoder z(pol, sluice::compression::detect, 4096);
+        inflated r;
+        try {
+            for (auto& ch : cut(gz, {700}, "bomb.gz")) z(std::move(ch), r.chunks);
+        } catch (const sluice::source_error& e) {
+            r.error = e.what();
+        }
+        for (auto& ch : r.chunks) r.data += sluice_test::bytes_str(ch.data);
+        r.skipped = skipped.load();
+        return r;
+    };
+    auto e = run(sluice::on_corrupt::error);
+    REQUIRE(e.error == "sluice: gzip member inflating to more than 65536 bytes (raise it with gunzip's max_record_bytes) "
+                       "in 'bomb.gz' at byte " + std::to_string(ga.size()));
+    REQUIRE(e.data.starts_with(a));
+    REQUIRE(e.data.size() <= a.size() + (64 << 10));  // never more than the limit of the member
+    auto s = run(sluice::on_corrupt::skip);
+    REQUIRE(s.error.empty());
+    REQUIRE(s.skipped >= 1);
+    REQUIRE(s.data.starts_with(a));
+    REQUIRE(s.data.ends_with(c));
+    REQUIRE(s.data.size() <= a.size() + (64 << 10) + c.size());
+    // In a pipeline: gunzip({.max_record_bytes}) then lines, which see the gap.
+    std::vector<std::string> got;
+    for (auto& r : sluice::pipeline(sluice::from(cut(sluice_test::gzip("one\ntwo\n") + gb + sluice_test::gzip("three\n"), {500}, "l.gz")) |
+                                    sluice::gunzip({.on_corrupt = sluice::on_corrupt::skip, .max_record_bytes = 1000}) |
+                                    sluice::lines({.gzip = sluice::compression::none})))
+        got.push_back(sluice_test::bytes_str(r.data));
+    REQUIRE(got.front() == "one");
+    REQUIRE(got.back() == "three");
+}
+
+TEST_CASE("every format takes decode_options; unset gzip and out are the format's defaults", "[gzip][lines][raw]") {
+    // The same call form for every format.
+    [[maybe_unused]] auto l = sluice::lines({.on_corrupt = sluice::on_corrupt::skip, .max_record_bytes = 1 << 20,
+                                             .out = sluice::channel_limits{16, 1 << 20}});
+    [[maybe_unused]] auto r = sluice::raw({.gzip = sluice::compression::detect, .out = {4, 1 << 20}});
+    const std::string body = "x\ny\n";
+    std::size_t n = 0;
+    for (auto& rec : sluice::pipeline(sluice::from(cut(sluice_test::gzip(body), {3}, "t.gz")) |
+                                      sluice::lines({.max_record_bytes = 10})))
+        n += rec.data.size();
+    REQUIRE(n == 2);
+}

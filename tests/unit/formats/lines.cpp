@@ -1,5 +1,6 @@
 #include <sluice/formats/lines.hpp>
 
+#include "support/decode_support.hpp"
 #include "support/test_support.hpp"
 
 #include <sluice/core/pipeline.hpp>
@@ -81,4 +82,92 @@ TEST_CASE("chunks of several files may interleave", "[lines]") {
     auto got = decode(mixed);
     std::sort(got.begin(), got.end());
     REQUIRE(got == V{"a1", "a2", "a3", "b1", "b2"});
+}
+
+namespace {
+struct limited {
+    std::vector<std::string> lines;
+    std::string error;
+    std::uint64_t corrupt = 0, held_peak = 0, held_now = 0;
+};
+limited decode_limited(std::vector<sluice::chunk> chunks, sluice::decode_options o) {
+    limited r;
+    sluice::pipeline p(sluice::from(std::move(chunks)) | sluice::lines(std::move(o)));
+    try {
+        while (auto rec = p.next_blocking()) r.lines.emplace_back(rec->data.view());
+    } catch (const sluice::source_error& e) {
+        r.error = e.what();
+    }
+    for (auto& s : p.figures().stages)
+        if (s.name == "lines")
+            for (auto& [n, v] : s.counters) {
+                if (n == "corrupt") r.corrupt = v;
+                if (n == "held_bytes_peak") r.held_peak = v;
+                if (n == "held_bytes") r.held_now = v;
+            }
+    return r;
+}
+}  // namespace
+
+TEST_CASE("lines: a line over max_record_bytes is an error naming shard, offset and limit", "[lines][corrupt][limit]") {
+    const std::string text = "ok\n" + std::string(5000, 'x') + "\nafter\n" + std::string(20, 'y') + "\nlast";
+    for (std::size_t size : {1, 7, 300, 100000}) {
+        INFO("chunk size " << size);
+        auto e = decode_limited(cut(text, {size}, "long.jsonl"), {.gzip = sluice::compression::none, .max_record_bytes = 1000});
+        REQUIRE(e.lines == V{"ok"});
+        REQUIRE(e.error ==
+                "sluice: line over the limit of 1000 bytes (raise it with max_record_bytes) in 'long.jsonl' at byte 3");
+        // The bytes held for a cut line never pass the limit.
+        REQUIRE(e.held_peak <= 1000);
+    }
+}
+
+TEST_CASE("lines: under skip a line over max_record_bytes is counted and the next lines arrive", "[lines][corrupt][limit]") {
+    const std::string text = "ok\n" + std::string(5000, 'x') + "\nafter\n" + std::string(2000, 'z') + "\r\nlast";
+    std::vector<sluice::source_error> seen;
+    for (std::size_t size : {1, 7, 300, 100000}) {
+        INFO("chunk size " << size);
+        auto s = decode_limited(cut(text, {size}, "long.jsonl"), {.on_corrupt = sluice::on_corrupt::skip,
+                                                                  .max_record_bytes = 1000,
+                                                                  .on_skip = [&](const sluice::source_error& e) { seen.push_back(e); }});
+        REQUIRE(s.error.empty());
+        REQUIRE(s.lines == V{"ok", "after", "last"});
+        REQUIRE(s.corrupt == 2);
+        REQUIRE(s.held_peak <= 1000);
+        REQUIRE(s.held_now == 0);
+    }
+    REQUIRE(seen.size() == 8);
+    REQUIRE(seen[0].offset() == 3);
+    REQUIRE(seen[1].offset() == 5010);
+    REQUIRE(seen[0].url() == "long.jsonl");
+    // Skipped lines keep their index: the next lines keep their line numbers.
+    std::vector<sluice::record> rs;
+    for (auto& r : sluice::pipeline(sluice::from(cut(text, {64})) |
+                                    sluice::lines({.on_corrupt = sluice::on_corrupt::skip, .max_record_bytes = 1000})))
+        rs.push_back(r);
+    REQUIRE(rs.size() == 3);
+    REQUIRE(rs[1].index == 2);
+    REQUIRE(rs[1].offset == 5004);
+    REQUIRE(rs[2].index == 4);
+}
+
+TEST_CASE("lines: a line cut by chunk boundaries is held once and shows in held_bytes", "[lines][limit]") {
+    const std::string line(10'000, 'q');
+    auto r = decode_limited(cut(line + "\nz\n", {1000}), {});
+    REQUIRE(r.error.empty());
+    REQUIRE(r.lines == V{line, "z"});
+    REQUIRE(r.held_peak == 10'000);
+    REQUIRE(r.held_now == 0);
+}
+
+TEST_CASE("lines: gzip'd lines over the limit count uncompressed offsets", "[lines][gzip][limit]") {
+    const std::string text = "a\n" + std::string(3000, 'x') + "\nb\n";
+    auto e = decode_limited(cut(sluice_test::gzip(text), {100}, "t.jsonl.gz"), {.max_record_bytes = 100});
+    REQUIRE(e.lines == V{"a"});
+    REQUIRE(e.error == "sluice: line over the limit of 100 bytes (raise it with max_record_bytes) in 't.jsonl.gz' at "
+                       "byte 2 of the uncompressed stream");
+    auto s = decode_limited(cut(sluice_test::gzip(text), {100}, "t.jsonl.gz"),
+                            {.on_corrupt = sluice::on_corrupt::skip, .max_record_bytes = 100});
+    REQUIRE(s.lines == V{"a", "b"});
+    REQUIRE(s.corrupt == 1);
 }

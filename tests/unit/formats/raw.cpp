@@ -1,5 +1,6 @@
 #include <sluice/formats/raw.hpp>
 
+#include "support/decode_support.hpp"
 #include "support/test_support.hpp"
 
 #include <sluice/core/pipeline.hpp>
@@ -12,7 +13,7 @@ TEST_CASE("one record per file: whole in one chunk without a copy, assembled oth
     const auto small = d.write("small", "tiny"), large = d.write("large", big), empty = d.write("empty", "");
     std::vector<sluice::shard> shards{{small, 0, 0}, {large, 0, 1}, {empty, 0, 2}};
     std::vector<sluice::record> got;
-    for (auto& r : sluice::pipeline(sluice::from(shards) | sluice::read({.chunk_size = 4096}) | sluice::raw()))
+    for (auto& r : sluice::pipeline(sluice::from(shards) | sluice::read({.chunk_size = 4096}) | sluice::raw({})))
         got.push_back(r);
     REQUIRE(got.size() == 3);
     REQUIRE(got[0].data.view() == "tiny");
@@ -23,4 +24,80 @@ TEST_CASE("one record per file: whole in one chunk without a copy, assembled oth
     REQUIRE(got[1].data.view() == big);
     REQUIRE(got[1].source->url == large);
     REQUIRE(got[2].data.empty());
+}
+
+namespace {
+struct objects {
+    std::vector<std::string> data;
+    std::string error;
+    std::uint64_t corrupt = 0, held_peak = 0, held_now = 0;
+};
+objects read_raw(sluice::stage<sluice::shard, sluice::record> s, const std::vector<sluice::shard>& shards) {
+    objects r;
+    sluice::pipeline p(sluice::from(shards) | std::move(s));
+    try {
+        while (auto rec = p.next_blocking()) r.data.emplace_back(rec->data.view());
+    } catch (const sluice::source_error& e) {
+        r.error = e.what();
+    }
+    for (auto& st : p.figures().stages)
+        if (st.name == "raw")
+            for (auto& [n, v] : st.counters) {
+                if (n == "corrupt") r.corrupt = v;
+                if (n == "held_bytes_peak") r.held_peak = v;
+                if (n == "held_bytes") r.held_now = v;
+            }
+    return r;
+}
+}  // namespace
+
+TEST_CASE("raw: an object over max_record_bytes is an error naming the file and the limit", "[raw][corrupt][limit]") {
+    sluice_test::temp_dir d;
+    const auto a = d.write("a", "first"), big = d.write("big", std::string(10'000, 'b')), c = d.write("c", "third");
+    std::vector<sluice::shard> shards{{a, 0, 0}, {big, 0, 1}, {c, 0, 2}};
+    for (std::size_t chunk : {1000, 4096, 1 << 20}) {
+        INFO("chunk size " << chunk);
+        auto e = read_raw(sluice::read({.chunk_size = chunk}) | sluice::raw({.max_record_bytes = 5000}), shards);
+        REQUIRE(e.data == std::vector<std::string>{"first"});
+        const std::string size = chunk < 10'000 ? "at least " + std::to_string(chunk * (5000 / chunk + 1)) : "10000";
+        REQUIRE(e.error == "sluice: object of " + size +
+                               " bytes over the limit of 5000 bytes (raise it with max_record_bytes) in '" + big +
+                               "' at byte 0");
+        REQUIRE(e.held_peak <= 5000);
+    }
+}
+
+TEST_CASE("raw: under skip an object over max_record_bytes is counted and the next objects arrive", "[raw][corrupt][limit]") {
+    sluice_test::temp_dir d;
+    const std::string mid(4000, 'm');
+    const auto a = d.write("a", "first"), big = d.write("big", std::string(10'000, 'b')), c = d.write("c", mid);
+    std::vector<sluice::shard> shards{{a, 0, 0}, {big, 0, 1}, {c, 0, 2}};
+    for (std::size_t chunk : {1000, 1 << 20}) {
+        auto s = read_raw(sluice::read({.chunk_size = chunk}) |
+                              sluice::raw({.on_corrupt = sluice::on_corrupt::skip, .max_record_bytes = 5000}),
+                          shards);
+        REQUIRE(s.error.empty());
+        REQUIRE(s.data == std::vector<std::string>{"first", mid});
+        REQUIRE(s.corrupt == 1);
+        REQUIRE(s.held_now == 0);
+        REQUIRE(s.held_peak == (chunk == 1000 ? 5000u : 0u));  // 5 chunks of big before the limit; mid: 4000
+    }
+}
+
+TEST_CASE("raw: options as the other formats take them; gzip only when asked", "[raw][gzip]") {
+    sluice_test::temp_dir d;
+    const std::string body = "hello, raw\n";
+    const auto gz = d.write("h.gz", sluice_test::gzip(body));
+    std::vector<sluice::shard> shards{{gz, 0, 0}};
+    REQUIRE(read_raw(sluice::read() | sluice::raw(), shards).data == std::vector<std::string>{sluice_test::gzip(body)});
+    REQUIRE(read_raw(sluice::read() | sluice::raw({.gzip = sluice::compression::detect}), shards).data ==
+            std::vector<std::string>{body});
+    // An object inflating past the limit: offsets of the uncompressed stream.
+    const auto big = d.write("big.gz", sluice_test::gzip(std::string(100'000, 'z')));
+    auto e = read_raw(sluice::read({.chunk_size = 1000}) |
+                          sluice::raw({.gzip = sluice::compression::detect, .max_record_bytes = 50'000}),
+                      {{big, 0, 0}});
+    REQUIRE(e.error.starts_with("sluice: object of "));
+    REQUIRE(e.error.ends_with("over the limit of 50000 bytes (raise it with max_record_bytes) in '" + big +
+                              "' at byte 0 of the uncompressed stream"));
 }

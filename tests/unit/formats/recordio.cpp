@@ -140,3 +140,26 @@ TEST_CASE("recordio stage: from chunks to records in a pipeline", "[recordio]") 
         got.push_back(sluice_test::bytes_str(r.data));
     REQUIRE(got == want);
 }
+
+TEST_CASE("recordio: a record over max_record_bytes is an error naming shard, offset and limit; skip reads on", "[recordio][corrupt][limit]") {
+    // One whole part over the limit, and a split record whose joined size is over it.
+    const std::string big(5000, 'x');
+    std::string split_rec(600, 'y');
+    split_rec.replace(400, 4, magic);  // split by the writer into two parts of 400 and 196
+    const std::string f = file_of({"small", big, "after", split_rec + std::string(600, 'z'), "last"});
+    const std::size_t big_at = 8 + 8;  // "small" padded to 8 after its header
+    for (std::size_t size : {1, 64, 100000}) {
+        INFO("chunk size " << size);
+        auto e = sluice_test::parse_chunks<P, sluice::record>(cut(f, {size}, "r.rec"), {.max_record_bytes = 1000});
+        REQUIRE(strings(e.out) == std::vector<std::string>{"small"});
+        REQUIRE(e.error == "sluice: RecordIO part of 5000 bytes over the limit of 1000 bytes (raise it with "
+                           "max_record_bytes) in 'r.rec' at byte " + std::to_string(big_at));
+        auto s = sluice_test::parse_chunks<P, sluice::record>(cut(f, {size}, "r.rec"),
+                                                              {.corrupt = sluice::on_corrupt::skip, .max_record_bytes = 1000});
+        REQUIRE(s.error.empty());
+        REQUIRE(s.skipped == 2);
+        REQUIRE(strings(s.out) == std::vector<std::string>{"small", "after", "last"});
+        REQUIRE(s.held_peak <= 1000);
+        REQUIRE(s.held_after == 0);
+    }
+}

@@ -327,3 +327,133 @@ TEST_CASE("tar.gz under skip: a broken member loses what it held, the next membe
     REQUIRE(g.out[1].name == "f2.txt");
     REQUIRE(g.out[1].offset == files[0].size() + 700 + 512);
 }
+
+namespace {
+// Samples s0..s<n-1>, each "jpg" and "cls", as one tar; `at[i]` is where member i's header starts.
+std::string samples_tar(int n, std::vector<std::size_t>& at, std::size_t jpg_size = 700) {
+    std::string t;
+    for (int i = 0; i < n; ++i) {
+        at.push_back(t.size());
+        sluice::append_tar_file(t, "s" + std::to_string(i) + ".jpg", std::string(jpg_size + i, char('a' + i)));
+        at.push_back(t.size());
+        sluice::append_tar_file(t, "s" + std::to_string(i) + ".cls", std::to_string(i));
+    }
+    sluice::end_tar(t);
+    return t;
+}
+std::vector<std::string> keys(const std::vector<sluice::sample>& ss) {
+    std::vector<std::string> k;
+    for (auto& s : ss) k.push_back(s.key);
+    return k;
+}
+using W = sluice::detail::webdataset_parser;
+using K = std::vector<std::string>;
+}  // namespace
+
+TEST_CASE("tar: a member over max_record_bytes is an error naming shard, offset and limit; skip reads on", "[tar][corrupt][limit]") {
+    std::string t;
+    sluice::append_tar_file(t, "a.txt", "small");
+    const std::size_t big_at = t.size();
+    sluice::append_tar_file(t, "b.bin", std::string(5000, 'b'));
+    sluice::append_tar_file(t, "c.txt", "after");
+    sluice::end_tar(t);
+    for (std::size_t size : {1, 100, 512, 100000}) {
+        INFO("chunk size " << size);
+        auto e = sluice_test::parse_chunks<P, sluice::record>(cut(t, {size}, "m.tar"), {.max_record_bytes = 1000});
+        REQUIRE(sluice_test::strings(e.out) == std::vector<std::string>{"small"});
+        REQUIRE(e.error == "sluice: tar member 'b.bin' of 5000 bytes over the limit of 1000 bytes (raise it with "
+                           "max_record_bytes) in 'm.tar' at byte " + std::to_string(big_at));
+        auto s = sluice_test::parse_chunks<P, sluice::record>(cut(t, {size}, "m.tar"),
+                                                              {.corrupt = sluice::on_corrupt::skip, .max_record_bytes = 1000});
+        REQUIRE(s.error.empty());
+        REQUIRE(s.skipped == 1);
+        REQUIRE(sluice_test::strings(s.out) == std::vector<std::string>{"small", "after"});
+        REQUIRE(s.held_peak <= 1000);  // the big member was never held
+        REQUIRE(s.held_after == 0);
+    }
+}
+
+TEST_CASE("tar: a member cut by chunk boundaries shows in held_bytes while it is assembled", "[tar][limit]") {
+    std::string t;
+    sluice::append_tar_file(t, "a.bin", std::string(3000, 'a'));
+    sluice::end_tar(t);
+    auto r = sluice_test::parse_chunks<P, sluice::record>(cut(t, {700}));
+    REQUIRE(r.out.size() == 1);
+    REQUIRE(r.held_peak >= 2000);
+    REQUIRE(r.held_peak <= 3000);
+    REQUIRE(r.held_after == 0);
+    sluice::pipeline p(sluice::from(cut(t, {700})) | sluice::tar());
+    for (auto& rec : p) REQUIRE(rec.data.size() == 3000);
+    std::uint64_t peak = 0;
+    for (auto& st : p.figures().stages)
+        for (auto& [n, v] : st.counters)
+            if (st.name == "tar" && n == "held_bytes_peak") peak = v;
+    REQUIRE(peak >= 2000);
+}
+
+TEST_CASE("webdataset under skip: a sample cut by a corruption is dropped and counted, never given partial", "[tar][webdataset][corrupt]") {
+    std::vector<std::size_t> at;
+    std::string t = samples_tar(6, at);
+    t[at[5] + 148] ^= 0x11;  // s2.cls's header checksum: which sample it belonged to is unknown
+    for (std::size_t size : {1, 300, 100000}) {
+        INFO("chunk size " << size);
+        auto s = sluice_test::parse_chunks<W, sluice::sample>(cut(t, {size}, "w.tar"), {.corrupt = sluice::on_corrupt::skip});
+        REQUIRE(s.error.empty());
+        REQUIRE(s.skipped == 1);
+        // s2 lost its cls; s3 began right after the lost bytes and might have lost files too.
+        REQUIRE(keys(s.out) == K{"s0", "s1", "s4", "s5"});
+        REQUIRE(s.incomplete == 2);
+        for (auto& x : s.out) REQUIRE(x.fields.size() == 2);
+        REQUIRE(s.out[2].index == 4);
+    }
+    // A member over max_record_bytes is known by name: only its sample is dropped.
+    std::string v;
+    for (int i = 0; i < 4; ++i) {
+        sluice::append_tar_file(v, "s" + std::to_string(i) + ".jpg", std::string(i == 1 ? 5000 : 100, 'j'));
+        sluice::append_tar_file(v, "s" + std::to_string(i) + ".cls", std::to_string(i));
+    }
+    sluice::end_tar(v);
+    auto k = sluice_test::parse_chunks<W, sluice::sample>(cut(v, {256}), {.corrupt = sluice::on_corrupt::skip, .max_record_bytes = 1000});
+    REQUIRE(keys(k.out) == K{"s0", "s2", "s3"});
+    REQUIRE(k.skipped == 1);
+    REQUIRE(k.incomplete == 1);
+}
+
+TEST_CASE("webdataset: required fields: a sample without one is an error, or under skip dropped and counted", "[tar][webdataset][corrupt]") {
+    std::string t;
+    sluice::append_tar_file(t, "a.jpg", "J");
+    sluice::append_tar_file(t, "a.cls", "1");
+    sluice::append_tar_file(t, "b.jpg", "J");  // no cls
+    sluice::append_tar_file(t, "c.jpg", "J");
+    sluice::append_tar_file(t, "c.cls", "3");
+    sluice::end_tar(t);
+    auto e = sluice_test::parse_chunks<W, sluice::sample>(cut(t, {100}, "r.tar"), {.required = {"jpg", "cls"}});
+    REQUIRE(keys(e.out) == K{"a"});
+    REQUIRE(e.error == "sluice: WebDataset sample 'b' has no 'cls' file (a required field) in 'r.tar' at byte 2560");
+    auto s = sluice_test::parse_chunks<W, sluice::sample>(cut(t, {100}, "r.tar"),
+                                                          {.corrupt = sluice::on_corrupt::skip, .required = {"jpg", "cls"}});
+    REQUIRE(keys(s.out) == K{"a", "c"});
+    REQUIRE(s.skipped == 1);
+    REQUIRE(s.out[1].index == 2);
+    // Without required fields the same samples are all given.
+    REQUIRE(keys(sluice_test::parse_chunks<W, sluice::sample>(cut(t, {100})).out) == K{"a", "b", "c"});
+}
+
+TEST_CASE("webdataset stage: required fields and the incomplete counter in a pipeline", "[tar][webdataset][corrupt]") {
+    std::vector<std::size_t> at;
+    std::string t = samples_tar(5, at);
+    t[at[3] + 148] ^= 0x11;  // s1.cls
+    sluice::pipeline p(sluice::from(cut(t, {1000}, "w.tar")) |
+                       sluice::webdataset({.on_corrupt = sluice::on_corrupt::skip, .required = {"jpg", "cls"}}));
+    std::vector<sluice::sample> got;
+    for (auto& s : p) got.push_back(std::move(s));
+    REQUIRE(keys(got) == K{"s0", "s3", "s4"});
+    std::uint64_t incomplete = 0, corrupt = 0;
+    for (auto& st : p.figures().stages)
+        for (auto& [n, v] : st.counters) {
+            if (st.name == "webdataset" && n == "incomplete") incomplete = v;
+            if (st.name == "webdataset" && n == "corrupt") corrupt = v;
+        }
+    REQUIRE(incomplete == 2);
+    REQUIRE(corrupt == 1);
+}

@@ -139,7 +139,7 @@ TEST_CASE("tfrecord: truncated files and garbage", "[tfrecord][corrupt]") {
     sluice::detail::put_le(huge, std::uint64_t{1} << 40, 8);
     huge += std::string(100, 'z');
     auto h = sluice_test::parse_chunks<P, sluice::record>(cut(huge, {50}, "h"), {.verify = false, .max_record_bytes = 1 << 20});
-    REQUIRE(h.error == "sluice: TFRecord length 1099511627776 over the limit of 1048576 bytes in 'h' at byte 0");
+    REQUIRE(h.error == "sluice: TFRecord length 1099511627776 over the limit of 1048576 bytes (raise it with max_record_bytes) in 'h' at byte 0");
 }
 
 TEST_CASE("tfrecord stage: gzip'd shards inflate on their own, skip counts in the stage's stats", "[tfrecord][gzip]") {
@@ -172,7 +172,7 @@ TEST_CASE("tfrecord: a sound length over the limit skips that record whole", "[t
     const std::vector<std::string> want = {"small", std::string(5000, 'B'), "after"};
     const std::string file = file_of(want);
     auto e = sluice_test::parse_chunks<P, sluice::record>(cut(file, {300}, "l"), {.max_record_bytes = 1000});
-    REQUIRE(e.error == "sluice: TFRecord length 5000 over the limit of 1000 bytes in 'l' at byte 21");
+    REQUIRE(e.error == "sluice: TFRecord length 5000 over the limit of 1000 bytes (raise it with max_record_bytes) in 'l' at byte 21");
     auto s = sluice_test::parse_chunks<P, sluice::record>(cut(file, {300}),
                                                           {.corrupt = sluice::on_corrupt::skip, .max_record_bytes = 1000});
     REQUIRE(s.error.empty());

@@ -5,6 +5,7 @@
 #include <sluice/core/bytes.hpp>
 #include <sluice/core/error.hpp>
 #include <sluice/core/record.hpp>
+#include <sluice/formats/detail/held.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -38,6 +39,11 @@ struct parse_policy {
     std::size_t max_record_bytes = std::size_t{1} << 30;
     std::atomic<std::uint64_t>* skipped = nullptr;  // the stage's "corrupt" counter
     std::atomic<std::uint64_t>* ignored = nullptr;  // WebDataset: files with no extension
+    std::atomic<std::uint64_t>* incomplete = nullptr;  // WebDataset: samples dropped as cut by a loss
+    std::vector<std::string> required;  // WebDataset: fields every sample must have
+    /// gunzip: the most bytes one member may inflate to (no limit by default).
+    std::uint64_t max_member_bytes = ~std::uint64_t{0};
+    held_meter held;  // bytes held between chunks: the stage's "held_bytes" counters
     std::function<void(const source_error&)> on_skip;
     buffer_source* mem = nullptr;  // where records that straddle chunks are assembled
 };
@@ -110,6 +116,7 @@ public:
             if (stash_.empty() && chunk_left() == 0) return false;
             assembling_ = true;
             have_ = std::min(n, stash_.size());
+            held_.set(have_);
             if (have_) parts_.push_back(bytes::copy_of(std::span(stash_.data(), have_)));
             stash_.erase(stash_.begin(), stash_.begin() + static_cast<std::ptrdiff_t>(have_));
         }
@@ -117,6 +124,7 @@ public:
         if (add) parts_.push_back(cur_.slice(pos_, add));
         have_ += add;
         pos_ += add;
+        held_.set(have_);
         if (have_ < n) return false;
         auto joined = mem_ ? mem_->allocate(n ? n : 1) : std::make_shared<buffer>(n ? n : 1);
         std::byte* d = joined->data();
@@ -128,6 +136,7 @@ public:
         parts_.clear();
         assembling_ = false;
         have_ = 0;
+        held_.set(0);
         offset_ += n;
         return true;
     }
@@ -139,6 +148,7 @@ public:
         parts_.clear();
         assembling_ = false;
         have_ = 0;
+        held_.set(0);
         skip_ = 0;
         offset_ = offset;
     }
@@ -147,7 +157,11 @@ public:
     /// padding past the end of what was read).
     bool skipping() const noexcept { return skip_ != 0; }
 
-    void use(buffer_source* mem) noexcept { mem_ = mem; }
+    /// Where assembled records are allocated, and where the bytes held for one are counted.
+    void use(buffer_source* mem, const held_meter* held = nullptr) noexcept {
+        mem_ = mem;
+        held_.use(held);
+    }
 
 private:
     bytes cur_;
@@ -159,6 +173,7 @@ private:
     std::size_t have_ = 0;
     bool assembling_ = false;
     buffer_source* mem_ = nullptr;
+    held_count held_;  // have_, in the stage's held_bytes
 };
 
 inline std::uint32_t le32(const std::byte* p) noexcept {
@@ -205,7 +220,7 @@ public:
             p.pol = pol_.get();
             p.src = c.source;
             p.inflated = c.inflated;
-            p.cur.use(pol_->mem);
+            p.cur.use(pol_->mem, &pol_->held);
         }
         try {
             if (c.gap) {  // upstream lost bytes (and counted it): start afresh here

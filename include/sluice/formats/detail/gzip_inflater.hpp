@@ -122,6 +122,7 @@ private:
     bool last_ = false;     // in_ is the shard's last chunk
     bool gap_next_ = false; // the next output chunk follows lost bytes
     std::uint64_t member_start_ = 0;
+    std::uint64_t member_out_ = 0;  // bytes the open member inflated to so far
     std::uint64_t in_offset_ = 0;   // compressed offset of the next input byte
     std::uint64_t out_offset_ = 0;  // uncompressed offset of out_[0]
     std::vector<std::byte> head_;
@@ -163,6 +164,7 @@ private:
             if (used == n) return used;
             member_open_ = true;
             member_start_ = in_offset_;
+            member_out_ = 0;
         }
         z_.next_in = reinterpret_cast<Bytef*>(const_cast<std::byte*>(p + used));
         z_.avail_in = static_cast<uInt>(std::min<std::size_t>(n - used, 1u << 30));
@@ -174,10 +176,23 @@ private:
         z_.next_out = reinterpret_cast<Bytef*>(out_->data() + fill_);
         z_.avail_out = static_cast<uInt>(out_chunk - fill_);
         const int r = ::inflate(&z_, Z_NO_FLUSH);
+        const std::size_t before = fill_;
         fill_ = out_chunk - z_.avail_out;
+        member_out_ += fill_ - before;
         const std::size_t took = given - z_.avail_in;
         in_offset_ += took;
-        if (r == Z_STREAM_END) {
+        if (member_out_ > pol->max_member_bytes && (r == Z_OK || r == Z_BUF_ERROR || r == Z_STREAM_END)) {
+            // The output is given out one chunk at a time whatever the ratio, so this
+            // bounds time and what one member may make, not memory.
+            fill_ -= static_cast<std::size_t>(std::min<std::uint64_t>(fill_, member_out_ - pol->max_member_bytes));
+            member_open_ = false;
+            broken(out,
+                   "gzip member inflating to more than " + std::to_string(pol->max_member_bytes) +
+                       " bytes (raise it with gunzip's max_record_bytes) in",
+                   member_start_);
+            state_ = state::scan;
+            match_ = 0;
+        } else if (r == Z_STREAM_END) {
             member_open_ = false;
             inflateReset(&z_);
         } else if (r != Z_OK && r != Z_BUF_ERROR) {

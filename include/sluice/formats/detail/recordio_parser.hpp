@@ -36,8 +36,8 @@ struct recordio_parser : parser_base {
                     // Parts start at multiples of 4: look for the next magic word there.
                     if (!resyncing)
                         bad(too_long && magic == recordio_magic
-                                ? "RecordIO part of " + std::to_string(lrec & ((1u << 29) - 1)) +
-                                      " bytes over the limit of " + std::to_string(pol->max_record_bytes)
+                                ? "RecordIO part of " + std::to_string(lrec & ((1u << 29) - 1)) + " bytes" +
+                                      over_limit(pol->max_record_bytes)
                                 : std::string("bad RecordIO magic"),
                             cur.offset());
                     resyncing = true;
@@ -51,6 +51,20 @@ struct recordio_parser : parser_base {
                 cflag = lrec >> 29;
                 length = lrec & ((1u << 29) - 1);
                 cur.consume(8);
+                if (split_open && !discarding && (cflag == 2 || cflag == 3) &&
+                    parts_bytes + 4 * parts.size() + length > pol->max_record_bytes) {
+                    // The joined record would pass the limit: drop it before this part
+                    // is held (what is held stays within the limit).
+                    const std::uint64_t size = parts_bytes + 4 * parts.size() + length;
+                    drop_split();
+                    discarding = cflag == 2;
+                    ++index;
+                    cur.consume(length + (4 - length % 4) % 4);
+                    bad("RecordIO split record of at least " + std::to_string(size) + " bytes" +
+                            over_limit(pol->max_record_bytes),
+                        record_start);
+                    continue;
+                }
                 at = phase::data;
                 [[fallthrough]];
             }
@@ -120,13 +134,15 @@ struct recordio_parser : parser_base {
 private:
     bool split_open = false;
     bool discarding = false;  // the rest of a split record already reported as lost
+    held_count held;          // parts_bytes, in the stage's held_bytes
 
     void add_part() {
         // The joined record: the parts plus the magic word put back between them.
         if (parts_bytes + data.size() + 4 * parts.size() > pol->max_record_bytes) {
             drop_split();
             discarding = true;
-            bad("RecordIO split record over the limit of " + std::to_string(pol->max_record_bytes) + " bytes",
+            bad("RecordIO split record of at least " + std::to_string(parts_bytes + data.size()) + " bytes" +
+                    over_limit(pol->max_record_bytes),
                 record_start);
             ++index;
             return;
@@ -134,10 +150,13 @@ private:
         parts_bytes += data.size();
         parts.push_back(std::move(data));
         data = {};
+        held.use(&pol->held);
+        held.set(parts_bytes);
     }
     void drop_split() {
         parts.clear();
         parts_bytes = 0;
+        held.set(0);
         split_open = false;
     }
     void broken_split(const std::string& what) {
@@ -168,7 +187,7 @@ private:
     }
     void emit(std::vector<record>& out, bytes d, std::uint64_t offset) {
         if (d.size() > pol->max_record_bytes) {
-            bad("RecordIO record of " + std::to_string(d.size()) + " bytes over the limit", offset);
+            bad("RecordIO record of " + std::to_string(d.size()) + " bytes" + over_limit(pol->max_record_bytes), offset);
             ++index;
             return;
         }

@@ -88,8 +88,29 @@ struct tar_parser : parser_base {
     std::uint64_t pax_size = 0;
     bool has_pax_size = false;
     bytes data;
+    /// Where corruptions lost bytes, as the number of files the current parse() call had
+    /// given out by then, and the lost member's path when known (WebDataset drops the
+    /// samples they cut).
+    struct loss {
+        std::size_t at;
+        std::string member;
+    };
+    std::vector<loss> losses;
+    bool track_losses = false;  // only WebDataset reads them
+
+    /// A corruption that loses bytes (`member`: the one lost, when its header was sound):
+    /// reported (thrown under on_corrupt::error), then marked for the WebDataset grouping.
+    void bad(const std::string& what, std::uint64_t offset, std::string member = {}) {
+        parser_base::bad(what, offset);
+        if (track_losses) losses.push_back({given ? given->size() : 0, std::move(member)});
+    }
 
     void parse(std::vector<record>& out) {
+        given = &out;
+        struct unset {
+            std::vector<record>*& g;
+            ~unset() { g = nullptr; }
+        } u{given};
         for (;;) {
             if (at == phase::header) {
                 const std::byte* b = cur.peek(tar_block);
@@ -127,7 +148,12 @@ struct tar_parser : parser_base {
         data = {};
     }
 
-    void finish(std::vector<record>&) {
+    void finish(std::vector<record>& out) {
+        given = &out;
+        struct unset {
+            std::vector<record>*& g;
+            ~unset() { g = nullptr; }
+        } u{given};
         if (resyncing) return;  // reported when it began
         if (at == phase::body)
             bad("truncated tar archive (the shard ends inside member '" + h.name + "')", header_offset);
@@ -139,6 +165,8 @@ struct tar_parser : parser_base {
     }
 
 private:
+    std::vector<record>* given = nullptr;  // parse()'s output, while it runs
+
     static std::uint64_t padding(std::uint64_t size) { return (tar_block - size % tar_block) % tar_block; }
 
     bool read_header(const std::byte* b) {
@@ -154,7 +182,8 @@ private:
             return false;
         }
         if (ended) {
-            if (!resyncing) bad("tar member after the end-of-archive marker", cur.offset());
+            // Reported, but nothing is lost: under skip the member is read.
+            if (!resyncing) parser_base::bad("tar member after the end-of-archive marker", cur.offset());
             ended = false;  // under skip: read on, nothing is lost
         }
         resyncing = false;
@@ -197,9 +226,8 @@ private:
         }
         if (!regular()) return false;
         if (h.size > pol->max_record_bytes) {
-            bad("tar member '" + h.name + "' of " + std::to_string(h.size) + " bytes over the limit of " +
-                    std::to_string(pol->max_record_bytes),
-                header_offset);
+            bad("tar member '" + h.name + "' of " + std::to_string(h.size) + " bytes" + over_limit(pol->max_record_bytes),
+                header_offset, h.name);
             return false;
         }
         return true;
@@ -277,10 +305,20 @@ inline bool webdataset_key(const std::string& path, std::string& key, std::strin
 
 /// WebDataset: the tar parser's files grouped into samples by key. A file whose name has
 /// no extension is ignored (counted in the policy's `ignored`), as WebDataset does.
+/// Under on_corrupt::skip a corruption that loses bytes may cut the sample open at it and
+/// the one begun right after it (its first files may have been in the lost bytes): both
+/// are dropped and counted in `incomplete`, never given out partial. When the lost member
+/// is known (a sound header over max_record_bytes), only the sample of its key is. A
+/// sample without one of the policy's `required` fields is a corrupt record.
 struct webdataset_parser : tar_parser {
     sample open;
+    bool open_cut = false;  // `open` may have lost files to a corruption
+    bool next_cut = false;  // the next sample to begin may have lost its first files
+    std::string next_key;   // ... if it has this key (empty: whatever its key)
     std::uint64_t samples = 0;
     std::vector<record> files;
+
+    webdataset_parser() { track_losses = true; }
 
     void parse(std::vector<sample>& out) {
         try {
@@ -292,15 +330,43 @@ struct webdataset_parser : tar_parser {
         group(out);
     }
     void finish(std::vector<sample>& out) {
-        tar_parser::finish(files);
+        try {
+            tar_parser::finish(files);
+        } catch (...) {
+            group(out);
+            throw;
+        }
         group(out);
         flush(out);
     }
+    void reset() {  // bytes were lost upstream (gunzip skipped a broken member)
+        tar_parser::reset();
+        losses.push_back({0, {}});
+    }
 
 private:
+    void lost(const std::string& member) {
+        std::string key, ext;
+        if (member.empty()) {  // unknown: the open sample and the next may have lost files
+            if (!open.fields.empty()) open_cut = true;
+            next_cut = true;
+            next_key.clear();
+        } else if (webdataset_key(member, key, ext)) {
+            if (!open.fields.empty() && key == open.key) {
+                open_cut = true;
+            } else if (!next_cut || !next_key.empty()) {
+                next_cut = true;
+                next_key = key;
+            }
+        }
+    }
     void group(std::vector<sample>& out) {
         std::string key, ext;
-        for (auto& f : files) {
+        std::size_t li = 0;
+        for (std::size_t i = 0;; ++i) {
+            for (; li < losses.size() && losses[li].at <= i; ++li) lost(losses[li].member);
+            if (i == files.size()) break;
+            auto& f = files[i];
             if (!webdataset_key(f.name, key, ext)) {
                 if (pol->ignored) pol->ignored->fetch_add(1, std::memory_order_relaxed);
                 continue;
@@ -310,19 +376,34 @@ private:
                 open.key = key;
                 open.source = f.source;
                 open.offset = f.offset;
+                open_cut = next_cut && (next_key.empty() || next_key == key);
             } else if (open.find(ext)) {
-                bad("duplicate file '" + f.name + "' in WebDataset sample '" + key + "'", f.offset);
+                parser_base::bad("duplicate file '" + f.name + "' in WebDataset sample '" + key + "'", f.offset);
                 continue;
             }
+            next_cut = false;
             open.fields.push_back(field{ext, std::move(f.data)});
         }
+        losses.clear();
         files.clear();
     }
     void flush(std::vector<sample>& out) {
         if (open.fields.empty()) return;
-        open.index = samples++;
-        out.push_back(std::move(open));
+        sample s = std::move(open);
+        const bool cut = open_cut;
         open = sample{};
+        open_cut = false;
+        s.index = samples++;
+        if (cut) {  // under skip only: an error was thrown at the corruption otherwise
+            if (pol->incomplete) pol->incomplete->fetch_add(1, std::memory_order_relaxed);
+            return;
+        }
+        for (auto& r : pol->required)
+            if (!s.find(r)) {
+                parser_base::bad("WebDataset sample '" + s.key + "' has no '" + r + "' file (a required field)", s.offset);
+                return;
+            }
+        out.push_back(std::move(s));
     }
 };
 

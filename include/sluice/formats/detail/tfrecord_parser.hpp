@@ -26,9 +26,7 @@ struct tfrecord_parser : parser_base {
                 if (len_ok && pol->verify && len > pol->max_record_bytes && len < (std::uint64_t{1} << 62) &&
                     !resyncing) {
                     // A sound length, just too large: skip the whole record.
-                    bad("TFRecord length " + std::to_string(len) + " over the limit of " +
-                            std::to_string(pol->max_record_bytes) + " bytes",
-                        cur.offset());
+                    bad("TFRecord length " + std::to_string(len) + over_limit(pol->max_record_bytes), cur.offset());
                     cur.consume(12 + len + 4);
                     ++index;
                     continue;
@@ -37,8 +35,7 @@ struct tfrecord_parser : parser_base {
                     // A length we cannot trust: nothing after it can be located except by
                     // looking for the next header whose length checksum holds.
                     if (!resyncing)
-                        bad(len_ok ? "TFRecord length " + std::to_string(len) + " over the limit of " +
-                                         std::to_string(pol->max_record_bytes) + " bytes"
+                        bad(len_ok ? "TFRecord length " + std::to_string(len) + over_limit(pol->max_record_bytes)
                                    : std::string("bad TFRecord length checksum"),
                             cur.offset());
                     resyncing = true;
