@@ -5,12 +5,17 @@
 //
 //   sluice-gen DIR [--files N] [--records R] [--record-size B] [--vary] [--uneven]
 //                  [--format lines|raw|tar|tfrecord|recordio] [--gzip] [--seed S]
-//                  [--counts FILE]
+//                  [--counts FILE] [--fields EXT,EXT...] [--classes C]
 //
 // lines:    each file holds R lines of B letters (with --vary, lengths vary from 0 to 2B);
 // raw:      each file is one record of R*B random bytes;
 // tar:      R files of B letters each (000000.bin, 000001.bin...: one WebDataset sample
-//           each), in a tar archive;
+//           each), in a tar archive; with --fields jpg,cls each of the R samples is one
+//           member per field, in that order (000000.jpg, 000000.cls, 000001.jpg...): a
+//           `cls` field holds a decimal label below C (--classes, default 10), any other
+//           field B letters (so "records", "payload_bytes" and "crc_sum" count every
+//           member, as sluice-probe --format tar reads them; "samples" counts samples,
+//           and --counts writes samples per shard, as sluice::webdataset() yields them);
 // tfrecord, recordio: R records of B letters each.
 // Files are named shard-000000.txt, .bin, .tar, .tfrecord or .rec; --gzip compresses
 // each (zlib level 6, as gzip(1)) and adds .gz. --uneven: file i holds R*(3+i%5)/5
@@ -22,6 +27,8 @@
 
 #include <zlib.h>
 
+#include <sluice/core/error.hpp>
+
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
@@ -31,9 +38,32 @@
 #include <string_view>
 #include <vector>
 
-int main(int argc, char** argv) {
+namespace {
+constexpr const char* usage =
+    "usage: sluice-gen DIR [--files N] [--records R] [--record-size B] [--vary] [--uneven] "
+    "[--format lines|raw|tar|tfrecord|recordio] [--gzip] [--seed S] [--counts FILE] [--fields EXT,EXT...] "
+    "[--classes C]\n";
+
+// "jpg,cls" -> {"jpg", "cls"}; empty names, '/', and repeats are refused.
+std::vector<std::string> parse_fields(std::string_view v) {
+    std::vector<std::string> out;
+    for (std::size_t at = 0; at <= v.size();) {
+        const auto comma = std::min(v.find(',', at), v.size());
+        std::string f(v.substr(at, comma - at));
+        if (f.empty() || f.find('/') != std::string::npos || f.front() == '.' ||
+            std::find(out.begin(), out.end(), f) != out.end())
+            throw sluice::error("sluice-gen: bad --fields '" + std::string(v) +
+                                "': give extensions separated by commas, each once (e.g. jpg,cls)");
+        out.push_back(std::move(f));
+        at = comma + 1;
+    }
+    return out;
+}
+
+int run(int argc, char** argv) {
     std::string dir, format = "lines";
-    std::uint64_t files = 8, records_each = 1000, record_size = 100, seed = 1;
+    std::uint64_t files = 8, records_each = 1000, record_size = 100, seed = 1, classes = 10;
+    std::vector<std::string> fields;  // empty: one .bin member per tar sample, as always
     bool vary = false, gzip = false, uneven = false;
     std::string counts_file;
     for (int i = 1; i < argc; ++i) {
@@ -56,6 +86,8 @@ int main(int argc, char** argv) {
         else if (a == "--records") records_each = num();
         else if (a == "--record-size") record_size = num();
         else if (a == "--seed") seed = num();
+        else if (a == "--classes") classes = num();
+        else if (a == "--fields" && i + 1 < argc) fields = parse_fields(argv[++i]);
         else if (a == "--vary") vary = true;
         else if (a == "--uneven") uneven = true;
         else if (a == "--counts" && i + 1 < argc) counts_file = argv[++i];
@@ -63,20 +95,26 @@ int main(int argc, char** argv) {
         else if (a == "--format" && i + 1 < argc) format = argv[++i];
         else if (!a.empty() && a[0] != '-' && dir.empty()) dir = a;
         else {
-            std::cerr << "usage: sluice-gen DIR [--files N] [--records R] [--record-size B] [--vary] [--uneven] "
-                         "[--format lines|raw|tar|tfrecord|recordio] [--gzip] [--seed S] [--counts FILE]\n";
+            std::cerr << usage;
             return 2;
         }
     }
     const std::string ext = format == "lines" ? "txt" : format == "raw" ? "bin" : format == "recordio" ? "rec" : format;
     if (dir.empty() || (ext != "txt" && ext != "bin" && ext != "tar" && ext != "tfrecord" && ext != "rec")) {
-        std::cerr << "usage: sluice-gen DIR [--files N] [--records R] [--record-size B] [--vary] [--uneven] "
-                     "[--format lines|raw|tar|tfrecord|recordio] [--gzip] [--seed S] [--counts FILE]\n";
+        std::cerr << usage;
+        return 2;
+    }
+    if (!fields.empty() && format != "tar") {
+        std::cerr << "sluice-gen: --fields needs --format tar (WebDataset samples of several members)\n";
+        return 2;
+    }
+    if (classes == 0) {
+        std::cerr << "sluice-gen: --classes must be at least 1\n";
         return 2;
     }
     std::filesystem::create_directories(dir);
     sluice::detail::rng r(seed);
-    std::uint64_t n_records = 0, payload = 0, crc_sum = 0;
+    std::uint64_t n_records = 0, n_samples = 0, payload = 0, crc_sum = 0;
     std::string rec, shard, counts;
     for (std::uint64_t f = 0; f < files; ++f) {
         const std::uint64_t records = uneven ? std::max<std::uint64_t>(1, records_each * (3 + f % 5) / 5) : records_each;
@@ -92,7 +130,28 @@ int main(int argc, char** argv) {
             crc_sum += crc32_z(0L, reinterpret_cast<const Bytef*>(rec.data()), rec.size());
             payload += rec.size();
             ++n_records;
+            ++n_samples;
             counts += "1 " + std::string(name) + "\n";
+        } else if (!fields.empty()) {  // WebDataset samples: one member per field
+            for (std::uint64_t k = 0; k < records; ++k) {
+                for (auto& field : fields) {
+                    if (field == "cls") {
+                        rec = std::to_string(r.below(classes));
+                    } else {
+                        rec.resize(vary ? r.below(2 * record_size + 1) : record_size);
+                        for (auto& c : rec) c = static_cast<char>('a' + r.below(26));
+                    }
+                    crc_sum += crc32_z(0L, reinterpret_cast<const Bytef*>(rec.data()), rec.size());
+                    payload += rec.size();
+                    char key[32];
+                    std::snprintf(key, sizeof key, "%06llu.", static_cast<unsigned long long>(k));
+                    sluice::append_tar_file(shard, key + field, rec);
+                }
+            }
+            sluice::end_tar(shard);
+            n_records += records * fields.size();
+            n_samples += records;
+            counts += std::to_string(records) + " " + name + "\n";
         } else {
             for (std::uint64_t k = 0; k < records; ++k) {
                 const auto len = vary ? r.below(2 * record_size + 1) : record_size;
@@ -115,6 +174,7 @@ int main(int argc, char** argv) {
             }
             if (format == "tar") sluice::end_tar(shard);
             n_records += records;
+            n_samples += records;
             counts += std::to_string(records) + " " + name + "\n";
         }
         bool ok;
@@ -140,5 +200,20 @@ int main(int argc, char** argv) {
         }
     }
     std::cout << "{\"files\":" << files << ",\"records\":" << n_records << ",\"payload_bytes\":" << payload
-              << ",\"crc_sum\":" << crc_sum << "}" << std::endl;
+              << ",\"crc_sum\":" << crc_sum;
+    if (!fields.empty()) std::cout << ",\"samples\":" << n_samples;  // the default output stays as it was
+    std::cout << "}" << std::endl;
+    return 0;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        return run(argc, argv);
+    } catch (const sluice::error& e) {
+        std::cerr << e.what() << "\n";
+    } catch (const std::exception& e) {
+        std::cerr << "sluice-gen: " << e.what() << "\n";
+    }
+    return 1;
 }

@@ -4,10 +4,11 @@
 
 #include <iostream>
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
     if (argc < 2) return std::cerr << "usage: trainer-loop SHARDS\n", 2;
+    // One seed, given once: plan's orders the shards and seeds the shuffle.
     auto batches = sluice::list(argv[1]) | sluice::plan({.epochs = 2, .seed = 17}) | sluice::read() |
-                   sluice::lines() | sluice::shuffle({.buffer = 1000, .seed = 17}) |
+                   sluice::lines() | sluice::shuffle({.buffer = 1000}) |
                    sluice::batch({.size = 64, .drop_last = true});
     std::size_t steps = 0, records = 0;
     for (auto& b : sluice::pipeline(batches)) {  // the pipeline runs behind this loop
@@ -15,4 +16,11 @@ int main(int argc, char** argv) {
         ++steps;
     }
     std::cout << "steps " << steps << " records " << records << "\n";
+    return 0;
+} catch (const sluice::error& e) {  // a missing file, a glob matching nothing...: its text, exit 1
+    std::cerr << e.what() << "\n";
+    return 1;
+} catch (const std::exception& e) {
+    std::cerr << "trainer-loop: " << e.what() << "\n";
+    return 1;
 }

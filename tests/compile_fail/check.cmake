@@ -1,5 +1,6 @@
-# Compiles mismatch.cpp twice: the control (types match) must compile, the real one must
-# fail with an error naming both `apples` and `oranges` through pipe_type_mismatch.
+# Compiles SOURCE (mismatch.cpp, collate_mismatch.cpp) twice: the control (types match)
+# must compile, the real one must fail with an error naming both `apples` and `oranges`
+# through pipe_type_mismatch.
 set(flags -std=c++20 -fsyntax-only)
 foreach(dir ${INCLUDES})
   list(APPEND flags -I${dir})

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -164,6 +165,17 @@ public:
         return o.str();
     }
 
+    /// A per-run slot of type T, made on first use and living as long as this run's
+    /// state: what stages tell each other at start without a global keyed by address
+    /// (plan tells shuffle its seed). The caller synchronises what it keeps in it.
+    template <class T>
+    std::shared_ptr<T> slot(const std::string& key) {
+        std::lock_guard lock(m_);
+        auto& p = slots_[key];
+        if (!p) p = std::make_shared<T>();
+        return std::static_pointer_cast<T>(p);
+    }
+
 private:
     std::optional<std::uint64_t> records_locked(std::uint32_t epoch) const {
         if (auto it = epoch_records_.find(epoch); it != epoch_records_.end()) return it->second;
@@ -209,6 +221,7 @@ private:
     }
 
     mutable std::mutex m_;
+    std::map<std::string, std::shared_ptr<void>> slots_;
     std::optional<stream_point> resume_;
     std::optional<std::uint64_t> saved_records_;
     std::map<std::string, std::string> saved_notes_;

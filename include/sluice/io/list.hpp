@@ -4,6 +4,7 @@
 #include <sluice/core/error.hpp>
 #include <sluice/core/stage.hpp>
 #include <sluice/io/detail/braces.hpp>
+#include <sluice/io/detail/s3_list.hpp>
 #include <sluice/io/s3.hpp>
 
 #include <glob.h>
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -29,8 +31,8 @@ inline bool has_wildcard(std::string_view s) { return s.find_first_of("*?[") != 
 
 inline void expand_local(const std::string& path, std::vector<std::string>& out);
 
-// A directory stands for the regular files below it, in byte order.
-inline void expand_directory(const std::string& path, std::vector<std::string>& out) {
+// A directory stands for the regular files below it, in byte order; how many it added.
+inline std::size_t expand_directory(const std::string& path, std::vector<std::string>& out) {
     std::error_code ec;
     std::vector<std::string> files;
     std::filesystem::recursive_directory_iterator it(path, ec), end;
@@ -39,6 +41,7 @@ inline void expand_directory(const std::string& path, std::vector<std::string>& 
     if (ec) throw source_error(it != end ? it->path().string() : path, "cannot list directory", ec);
     std::sort(files.begin(), files.end());
     out.insert(out.end(), files.begin(), files.end());
+    return files.size();
 }
 
 inline void expand_local(const std::string& path, std::vector<std::string>& out) {
@@ -66,13 +69,29 @@ inline void expand_local(const std::string& path, std::vector<std::string>& out)
             throw source_error(path, "cannot expand", std::make_error_code(std::errc::io_error));
         }
         std::sort(matches.begin(), matches.end());
+        // A matched directory stands for its files; an empty one adds none, and is an
+        // error only when the whole pattern then gives no file.
+        std::size_t added = 0;
         for (auto& m : matches) {
-            if (std::filesystem::is_directory(m, ec)) expand_directory(m, out);
-            else out.push_back(std::move(m));
+            if (std::filesystem::is_directory(m, ec)) {
+                added += expand_directory(m, out);
+            } else {
+                out.push_back(std::move(m));
+                ++added;
+            }
         }
+        if (added == 0)
+            throw source_error(path, "no file matches (only empty directories)",
+                               std::make_error_code(std::errc::no_such_file_or_directory));
         return;
     }
-    if (std::filesystem::is_directory(path, ec)) return expand_directory(path, out);
+    // Like a glob that matches nothing, a directory with no file is a mistake (a wrong
+    // path, a download that has not happened), not zero samples and success.
+    if (std::filesystem::is_directory(path, ec)) {
+        if (expand_directory(path, out) == 0)
+            throw source_error(path, "no file in directory", std::make_error_code(std::errc::no_such_file_or_directory));
+        return;
+    }
     out.push_back(path);  // existence is checked when it is read, with the path named
 }
 }  // namespace detail
@@ -89,10 +108,12 @@ inline void expand_local(const std::string& path, std::vector<std::string>& out)
 /// whom (see s3_options).
 /// `@FILE` reads patterns from FILE, one per line (blank lines and `#` comments skipped),
 /// each expanded as above: a list of URLs or paths kept beside the dataset.
-/// Throws sluice::source_error naming the pattern when a glob matches nothing, or the
-/// file when a list file cannot be read.
+/// Throws sluice::source_error naming the pattern when a glob matches nothing (or only
+/// empty directories), the directory when a named directory holds no regular file, or
+/// the file when a list file cannot be read: an empty listing is never 0 items.
+/// A stop (`stop`) ends an S3 listing within about a second (detail::stopped).
 inline std::vector<std::string> expand(const std::vector<std::string>& patterns, const s3_options& s3 = {},
-                                       int depth = 0) {
+                                       int depth = 0, std::stop_token stop = {}) {
     std::vector<std::string> out;
     for (const auto& p : patterns) {
         if (p.starts_with("@")) {
@@ -117,14 +138,14 @@ inline std::vector<std::string> expand(const std::vector<std::string>& patterns,
                     entry = (dir / entry).string();
                 listed.push_back(std::move(entry));
             }
-            for (auto& e : expand(listed, s3, depth + 1)) out.push_back(std::move(e));
+            for (auto& e : expand(listed, s3, depth + 1, stop)) out.push_back(std::move(e));
             continue;
         }
         for (auto& e : detail::expand_braces(p)) {
             if (e.rfind("file://", 0) == 0) e.erase(0, 7);
             if (auto loc = detail::parse_s3_url(e);
                 loc && (loc->key.empty() || loc->key.ends_with('/') || detail::has_wildcard(loc->key))) {
-                auto keys = detail::s3_list(s3, e);
+                auto keys = detail::s3_list(s3, e, {}, 0, stop);
                 if (keys.empty())
                     throw source_error(e, "no object under", std::make_error_code(std::errc::no_such_file_or_directory));
                 for (auto& k : keys) out.push_back(std::move(k));
@@ -138,18 +159,20 @@ inline std::vector<std::string> expand(const std::vector<std::string>& patterns,
 /// Takes: patterns (paths, globs, brace ranges like `shard-{000..127}.tar`, directories,
 /// URLs, `@list-file`). Gives: one path or URL per item, in pattern order.
 /// Backpressure: suspends while downstream is full.
-/// Errors: a glob or S3 listing that matches nothing, or a listing that fails (HTTP 403
-/// AccessDenied...), is sent downstream as sluice::source_error naming the pattern.
-/// Cancellation: stops at the next send.
+/// Errors: a glob, directory or S3 listing that gives nothing, or a listing that fails
+/// (HTTP 403 AccessDenied...), is sent downstream as sluice::source_error naming the
+/// pattern or directory.
+/// Cancellation: stops at the next send; a stop also ends an S3 listing page in flight
+/// and its backoff (within about a second).
 /// Example: `sluice::list({"data/shard-{000..063}.txt"}) | sluice::plan({.epochs = 2})`
 inline source<std::string> list(std::vector<std::string> patterns, s3_options s3 = {}) {
     auto pats = std::make_shared<const std::vector<std::string>>(std::move(patterns));
     return make_stage<void, std::string>(
         // On the CPU pool: listing blocks (globs, directories, S3 pages), and the I/O
         // thread is what every fetch and read shares.
-        "list", {.on = pool::cpu, .buffer = {1024, 0}},
+        "list", {.on = pool::cpu, .out = {1024, 0}},
         [pats, s3](stage_context<void, std::string>& ctx) -> task<void> {
-            for (auto& path : expand(*pats, s3)) co_await ctx.out.send(std::move(path));
+            for (auto& path : expand(*pats, s3, 0, ctx.stop)) co_await ctx.out.send(std::move(path));
         });
 }
 inline source<std::string> list(std::string pattern, s3_options s3 = {}) {

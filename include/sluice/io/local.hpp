@@ -154,6 +154,30 @@ inline task<void> read_file(stage_context<shard, chunk>& ctx, std::shared_ptr<co
     }
 }
 
+/// A URL with a scheme other than file:// is no local path: read() would say "No such
+/// file or directory"; say what reads it instead.
+inline void check_local(const std::string& url) {
+    const auto p = url.find("://");
+    if (p == std::string::npos || p == 0 || url.compare(0, p + 3, "file://") == 0) return;
+    for (std::size_t i = 0; i < p; ++i) {
+        const char c = url[i];
+        const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (i > 0 && ((c >= '0' && c <= '9') || c == '+' ||
+                                                                                     c == '-' || c == '.'));
+        if (!ok) return;  // not a scheme: a local path that happens to hold "://"
+    }
+    std::string scheme = url.substr(0, p);
+    for (auto& c : scheme) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+    const bool fetched = scheme == "http" || scheme == "https" || scheme == "s3";
+    throw source_error(url,
+                       fetched ? "use sluice::fetch(), not sluice::read() (which reads local files), for"
+                               : "sluice::read() reads local files, not",
+                       std::make_error_code(std::errc::protocol_not_supported));
+}
+/// `file:///data/x.tar` is the path `/data/x.tar`.
+inline std::string local_path(const std::string& url) {
+    return url.compare(0, 7, "file://") == 0 ? url.substr(7) : url;
+}
+
 inline task<void> read_worker(stage_context<shard, chunk>& ctx, read_options o) {
     const std::size_t chunk_size = o.chunk_size ? o.chunk_size : (4u << 20);
     for (;;) {
@@ -170,7 +194,8 @@ inline task<void> read_worker(stage_context<shard, chunk>& ctx, read_options o) 
         if (!failed) {
             try {
                 auto src = std::make_shared<const shard>(std::move(*s));
-                fd_guard fd(::open(src->url.c_str(), O_RDONLY | O_CLOEXEC));
+                check_local(src->url);
+                fd_guard fd(::open(local_path(src->url).c_str(), O_RDONLY | O_CLOEXEC));
                 if (fd.get() < 0) throw source_error(src->url, "cannot open", errno_code());
                 co_await read_file(ctx, src, src->url, fd, chunk_size, o.map, gate);
             } catch (...) {
@@ -192,14 +217,16 @@ inline task<void> read_worker(stage_context<shard, chunk>& ctx, read_options o) 
 /// Backpressure: at most `files_in_flight` chunks being filled plus the output channel
 /// (bounded in chunks and bytes); buffers are recycled through the runtime's pool.
 /// Errors: a file that cannot be opened or read is a sluice::source_error naming the path
-/// (and the byte offset of a failed read); chunks already sent are delivered first.
+/// (and the byte offset of a failed read); chunks already sent are delivered first. A URL
+/// (http://, https://, s3://) is an error naming it and saying to use sluice::fetch();
+/// `file://` prefixes are dropped.
 /// Cancellation: stops at the next send; the file is closed.
 /// Reads are blocking preads, on the I/O loop unless `on` says otherwise.
 /// Example: `sluice::list("data/*.txt") | sluice::plan() | sluice::read({.chunk_size = 8 << 20})`
 inline stage<shard, chunk> read(read_options o = {}) {
     return make_stage<shard, chunk>(
         "read",
-        {.concurrency = o.files_in_flight, .order = o.order, .on = o.on, .buffer = o.out},
+        {.concurrency = o.files_in_flight, .order = o.order, .on = o.on, .out = o.out},
         [o](stage_context<shard, chunk>& ctx) { return detail::read_worker(ctx, o); });
 }
 template <class A>

@@ -5,6 +5,8 @@
 #include <sluice/core/bytes.hpp>
 #include <sluice/core/record.hpp>
 #include <sluice/core/stage.hpp>
+#include <sluice/ops/map.hpp>
+#include <sluice/ops/plan_link.hpp>
 
 #include <cstdint>
 #include <cstring>
@@ -56,13 +58,33 @@ struct batch_options {
     std::shared_ptr<buffer_source> memory = nullptr;
     /// Workers collating batches at once on the CPU pool (output stays in order). Above 1,
     /// grouping and collation become two stages ("group" and "batch"), so the copy into
-    /// the batch buffer, the costly part, runs on several cores.
+    /// the batch buffer, the costly part, runs on several cores. A user's collate
+    /// function (batch(opts, collate)) is then called on several threads at once, each
+    /// worker calling its own copy of the function object.
     unsigned threads = 1;
+    /// Items that do not say their epoch (a user's type without a `source` shard): refused
+    /// at start when plan runs several epochs (epoch_policy::apart), or batched as one
+    /// stream, epochs mixing (ignore). Records and samples always know their epoch.
+    epoch_policy epochs = epoch_policy::apart;
     /// Capacity of the output channel, in batches.
     channel_limits out = {4, 0};
 };
 
 namespace detail {
+/// A group of items on its way to a user's collate function, with where it ends in the
+/// sequence (batch(opts, collate) with threads > 1).
+template <class T>
+struct item_group {
+    std::vector<T> items;
+    std::uint32_t epoch = 0;
+    std::uint64_t position = 0;
+    std::size_t byte_size() const noexcept {
+        std::size_t n = 0;
+        for (auto& v : items) n += byte_size_of(v);
+        return n;
+    }
+};
+
 /// A group of records on its way to collation, with where it ends in the sequence.
 struct record_group {
     std::vector<record> records;
@@ -99,13 +121,42 @@ inline host_batch collate_records(std::vector<record>& rs, buffer_source& mem) {
 }
 
 /// The batch stage's part in resuming: its settings define the sequence, and without a
-/// shuffle before it, it is the stage that says which records are needed again.
-inline std::function<void(stage_setup&)> batch_setup(const batch_options& o) {
+/// shuffle before it, it is the stage that says which records are needed again. Items
+/// that cannot keep epochs apart fail the start when plan runs several.
+template <class T>
+std::function<void(stage_setup&)> batch_setup(const batch_options& o) {
     return [o](stage_setup& s) {
         s.run.note("batch", "size=" + std::to_string(o.size) + " drop_last=" + std::to_string(int(o.drop_last)));
+        check_epochs_at_start<T>(s, "batch", o.epochs);
         if (auto at = s.run.resume()) s.run.request({at->epoch, {}, at->position});
     };
 }
+
+/// What a collate function that cannot take std::vector<T>& expects, for the compile
+/// error: its element type when it takes a vector of something else, else its parameter
+/// (or, for a generic one, the function itself).
+template <class F, class T>
+struct collate_mismatch {
+    using produced = std::vector<T>&;
+    using expected = F;
+};
+template <class F, class T>
+    requires has_sole_arg<F>
+struct collate_mismatch<F, T> {
+    using arg = typename sole_arg<F>::type;
+    template <class P>
+    struct element {
+        using type = void;
+    };
+    template <class E, class A>
+    struct element<std::vector<E, A>> {
+        using type = E;
+    };
+    using elem = typename element<std::remove_cvref_t<arg>>::type;
+    static constexpr bool other_element = !std::is_void_v<elem> && !std::is_same_v<elem, T>;
+    using produced = std::conditional_t<other_element, T, std::vector<T>&>;
+    using expected = std::conditional_t<other_element, elem, arg>;
+};
 
 // `collate(group, epoch, position)` makes one output.
 template <class T, class Out, class F>
@@ -176,7 +227,7 @@ task<void> batch_worker(stage_context<T, Out>& ctx, batch_options o, F collate) 
 inline stage<record, host_batch> batch(batch_options o = {}) {
     if (o.threads > 1) {
         auto group = make_stage<record, detail::record_group>(
-            "group", {.on = pool::cpu, .buffer = {2 * o.threads, 0}}, detail::batch_setup(o),
+            "group", {.on = pool::cpu, .out = {2 * o.threads, 0}}, detail::batch_setup<record>(o),
             [o](stage_context<record, detail::record_group>& ctx) {
                 return detail::batch_worker<record, detail::record_group>(
                     ctx, o, [](std::vector<record>& g, std::uint32_t e, std::uint64_t pos) {
@@ -184,7 +235,7 @@ inline stage<record, host_batch> batch(batch_options o = {}) {
                     });
             });
         auto collate = make_stage<detail::record_group, host_batch>(
-            "batch", {.concurrency = o.threads, .order = ordering::ordered, .on = pool::cpu, .buffer = o.out},
+            "batch", {.concurrency = o.threads, .order = ordering::ordered, .on = pool::cpu, .out = o.out},
             [o](stage_context<detail::record_group, host_batch>& ctx) {
                 std::shared_ptr<buffer_source> mem = o.memory ? o.memory : ctx.memory;
                 return detail::item_worker(ctx, [mem](detail::record_group&& g, std::vector<host_batch>& out) {
@@ -196,7 +247,7 @@ inline stage<record, host_batch> batch(batch_options o = {}) {
         return group | collate;
     }
     return make_stage<record, host_batch>(
-        "batch", {.on = pool::cpu, .buffer = o.out}, detail::batch_setup(o),
+        "batch", {.on = pool::cpu, .out = o.out}, detail::batch_setup<record>(o),
         [o](stage_context<record, host_batch>& ctx) {
             std::shared_ptr<buffer_source> mem = o.memory ? o.memory : ctx.memory;
             return detail::batch_worker<record, host_batch>(
@@ -211,18 +262,47 @@ inline stage<record, host_batch> batch(batch_options o = {}) {
 
 /// Takes: items of any type T. Gives: collate(std::vector<T>&) for each group of `size`
 /// items (the vector is cleared afterwards; move out of it freely).
+/// `threads` above 1: groups are collated on that many workers of the CPU pool, batches
+/// still sent in order; each worker calls its own copy of `collate`, so copies must not
+/// share unsynchronised state.
+/// Epochs: as with records, a batch never mixes two epochs when T carries its `source`
+/// shard (see shuffle); a T without one fails the start when plan runs several epochs,
+/// unless `.epochs = sluice::epoch_policy::ignore`.
+/// A collate that cannot take std::vector<T>& fails to compile with
+/// sluice::detail::pipe_type_mismatch<T, E> (E: the element type it takes).
 /// Example: `| sluice::batch({.size = 64}, [](std::vector<int>& v) { return sum(v); })`
 template <class F>
 auto batch(batch_options o, F collate) {
     auto make = [o, collate]<class T>() {
-        using Out = std::remove_cvref_t<std::invoke_result_t<F&, std::vector<T>&>>;
-        return make_stage<T, Out>("batch", {.on = pool::cpu, .buffer = o.out}, detail::batch_setup(o),
-                                  [o, collate](stage_context<T, Out>& ctx) {
-                                      return detail::batch_worker<T, Out>(
-                                          ctx, o, [collate](std::vector<T>& g, std::uint32_t, std::uint64_t) mutable {
-                                              return collate(g);
-                                          });
-                                  });
+        if constexpr (!std::is_invocable_v<F&, std::vector<T>&>) {
+            using why = detail::collate_mismatch<F, T>;
+            static_assert(detail::pipe_type_mismatch<typename why::produced, typename why::expected>::value);
+            return stage<T, T>{};
+        } else {
+            using Out = std::remove_cvref_t<std::invoke_result_t<F&, std::vector<T>&>>;
+            static_assert(!std::is_void_v<Out>, "sluice::batch: the collate function must return the batch");
+            if (o.threads > 1) {
+                using G = detail::item_group<T>;
+                auto group = make_stage<T, G>(
+                    "group", {.on = pool::cpu, .out = {2 * o.threads, 0}}, detail::batch_setup<T>(o),
+                    [o](stage_context<T, G>& ctx) {
+                        return detail::batch_worker<T, G>(ctx, o, [](std::vector<T>& g, std::uint32_t e, std::uint64_t pos) {
+                            return G{std::move(g), e, pos};
+                        });
+                    });
+                auto collated = make_item_stage<G, Out>(
+                    "batch", {.concurrency = o.threads, .order = ordering::ordered, .on = pool::cpu, .out = o.out},
+                    [collate](G&& g, std::vector<Out>& out) mutable { out.push_back(collate(g.items)); });
+                return group | collated;
+            }
+            return make_stage<T, Out>("batch", {.on = pool::cpu, .out = o.out}, detail::batch_setup<T>(o),
+                                      [o, collate](stage_context<T, Out>& ctx) {
+                                          return detail::batch_worker<T, Out>(
+                                              ctx, o, [collate](std::vector<T>& g, std::uint32_t, std::uint64_t) mutable {
+                                                  return collate(g);
+                                              });
+                                      });
+        }
     };
     return detail::deferred<decltype(make)>{make};
 }

@@ -15,10 +15,10 @@ namespace sluice {
 /// Cancellation: stops at the next send.
 /// Example: `auto p = sluice::pipeline(sluice::from<int>({1, 2, 3}) | sluice::map(f));`
 template <class T>
-source<T> from(std::vector<T> items, channel_limits buffer = {64, 0}) {
+source<T> from(std::vector<T> items, channel_limits out = {64, 0}) {
     auto data = std::make_shared<const std::vector<T>>(std::move(items));
     return make_stage<void, T>(
-        "from", {.on = pool::io, .buffer = buffer},
+        "from", {.on = pool::io, .out = out},
         [data](stage_context<void, T>& ctx) -> task<void> {
             for (const auto& x : *data) co_await ctx.out.send(x);
         });

@@ -8,6 +8,7 @@
 #include <sluice/core/record.hpp>
 #include <sluice/core/stage.hpp>
 #include <sluice/core/state.hpp>
+#include <sluice/ops/plan_link.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -161,6 +162,7 @@ struct plan_options {
     unsigned epochs = 1;
     /// With a seed, each epoch's shard order is a permutation that depends only on
     /// (seed, epoch): the same on every rank and every run. Without one, listed order.
+    /// A shuffle after plan without a seed of its own takes this one (one seed, given once).
     std::optional<std::uint64_t> seed = std::nullopt;
     /// This process's rank and the world size. Unset: from the launcher's environment
     /// (rank_from_env(): torchrun, mpirun, srun), else 0 of 1. Set both to 0 and 1 for a
@@ -304,6 +306,9 @@ inline std::vector<shard> replay_part(const std::vector<shard>& plan, const run_
 /// counts (unless share::by_shard), a shard without a count: a sluice::error at the start;
 /// upstream errors pass through.
 /// Cancellation: stops at the next send.
+/// At start it tells the stages after it its seed and epochs (ops/plan_link.hpp): a
+/// shuffle without a seed takes plan's; a shuffle or batch whose items do not say their
+/// epoch (no `source` shard) fails the start when there are several epochs.
 /// Example: `sluice::list(...) | sluice::plan({.epochs = 90, .seed = 17, .counts = counts})`
 inline stage<std::string, shard> plan(plan_options o = {}) {
     struct plan_state {
@@ -324,11 +329,15 @@ inline stage<std::string, shard> plan(plan_options o = {}) {
         s.run.note("plan", std::string("seed=") + (o.seed ? std::to_string(*o.seed) : "none") +
                                " rank=" + std::to_string(sp.rank) + " world=" + std::to_string(sp.world) +
                                " share=" + std::to_string(int(o.share)));
+        // The stages after plan that wait on it (ops/plan_link.hpp): a shuffle without a
+        // seed of its own takes this one (and only then knows what to ask for on resume);
+        // items that cannot keep epochs apart are refused here when there are several.
+        detail::tell_plan(s, {o.seed, o.epochs});
         if (s.run.resume() && o.counts && s.run.requested()) s.run.serve();
         s.state = st;
     };
     return make_stage<std::string, shard>(
-        "plan", {.on = pool::io, .buffer = {256, 0}}, setup,
+        "plan", {.on = pool::io, .out = {256, 0}}, setup,
         [o](stage_context<std::string, shard>& ctx) -> task<void> {
             auto* st = static_cast<plan_state*>(ctx.state.get());
             std::vector<std::string> urls;

@@ -6,6 +6,7 @@
 #include <sluice/core/record.hpp>
 #include <sluice/core/stage.hpp>
 #include <sluice/core/state.hpp>
+#include <sluice/ops/plan_link.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -19,7 +20,13 @@ struct shuffle_options {
     std::size_t buffer = 10'000;
     /// Also send on once the held items exceed this many bytes (0: no byte limit).
     std::size_t max_bytes = 0;
-    std::uint64_t seed = 0;
+    /// The shuffle's own seed. Unset: plan's seed (the one that orders the shards), so a
+    /// seed given once to plan seeds the whole pipeline; 0 when plan has none or there is
+    /// no plan before the shuffle. Set it to shuffle on a seed of its own.
+    std::optional<std::uint64_t> seed = std::nullopt;
+    /// Items that do not say their epoch (no `source` shard): refused at start when plan
+    /// runs several epochs (epoch_policy::apart), or mixed across epochs (ignore).
+    epoch_policy epochs = epoch_policy::apart;
     /// Capacity of the output channel.
     channel_limits out = {64, 0};
 };
@@ -32,7 +39,7 @@ void compact_if_possible(T& v, buffer_source* from) {
 }
 
 inline rng shuffle_rng(const shuffle_options& o, std::uint32_t epoch) {
-    return rng(mix(mix(o.seed, 0x5368756666ULL), epoch));
+    return rng(mix(mix(o.seed.value_or(0), 0x5368756666ULL), epoch));
 }
 
 /// What the shuffle held when the trainer had taken `position` items of `epoch`, worked
@@ -46,6 +53,13 @@ struct shuffle_resume {
     std::vector<std::uint64_t> slots;
     std::uint64_t next_in = 0;
     bool drained = false;
+};
+
+/// What a shuffle's setup leaves its worker: the seed it shuffles with (its own, or plan's,
+/// told at start) and, on resume, what it held.
+struct shuffle_state {
+    shuffle_options o;  // with the seed in effect
+    std::optional<shuffle_resume> resume;
 };
 
 /// `total`: the epoch's item count (without it, whether the position lies in the final
@@ -79,6 +93,8 @@ inline std::optional<shuffle_resume> replay_shuffle(const shuffle_options& o, st
 
 template <class T>
 task<void> shuffle_worker(stage_context<T, T>& ctx, shuffle_options o) {
+    auto* state = static_cast<shuffle_state*>(ctx.state.get());
+    if (state) o = state->o;  // the seed in effect (plan's, when the shuffle has none)
     if constexpr (!has_epoch<T>)  // one buffer across epochs: no per-epoch replay
         if (ctx.run)
             ctx.run->epochs_unknown("the items reaching shuffle do not say which epoch they belong to; give them a "
@@ -97,7 +113,7 @@ task<void> shuffle_worker(stage_context<T, T>& ctx, shuffle_options o) {
     };
     // Resuming with a replay plan: the first items to arrive are the held ones, in order
     // of position; put each back in its slot, then go on as before the cut.
-    if (auto* st = static_cast<shuffle_resume*>(ctx.state.get()); st && ctx.run && ctx.run->served()) {
+    if (shuffle_resume* st = state && state->resume ? &*state->resume : nullptr; st && ctx.run && ctx.run->served()) {
         epoch = st->epoch;
         r = st->r;
         std::vector<std::size_t> slot_of(st->slots.size());  // k-th by position -> slot
@@ -121,7 +137,7 @@ task<void> shuffle_worker(stage_context<T, T>& ctx, shuffle_options o) {
             held.clear();
             held_bytes = 0;
         }
-        ctx.state.reset();
+        state->resume.reset();
     }
     while (auto item = co_await ctx.in.next()) {
         // Each epoch is shuffled on its own, from a seed of (seed, epoch): its order does
@@ -159,21 +175,40 @@ task<void> shuffle_worker(stage_context<T, T>& ctx, shuffle_options o) {
 /// the epoch is read again from its start. Only for items that know their epoch (records,
 /// samples): a shuffle of anything else makes state() refuse (see shuffle_worker).
 template <class T>
-void shuffle_setup(const shuffle_options& o, stage_setup& s) {
-    s.run.note("shuffle", "buffer=" + std::to_string(o.buffer) + " max_bytes=" + std::to_string(o.max_bytes) +
-                              " seed=" + std::to_string(o.seed));
-    auto at = s.run.resume();
+void shuffle_plan_resume(const shuffle_options& o, shuffle_state& st, run_state& run) {
+    auto at = run.resume();
     if (!at || !has_epoch<T>) return;
-    std::optional<shuffle_resume> st;
-    if (o.max_bytes == 0) st = replay_shuffle(o, *at, s.run.epoch_records(at->epoch));
-    if (!st) {
-        s.run.request_full_replay();
+    std::optional<shuffle_resume> r;
+    if (o.max_bytes == 0) r = replay_shuffle(o, *at, run.epoch_records(at->epoch));
+    if (!r) {
+        run.request_full_replay();
         return;
     }
-    run_state::replay want{at->epoch, st->slots, st->next_in};
+    run_state::replay want{at->epoch, r->slots, r->next_in};
     std::sort(want.keep.begin(), want.keep.end());
-    s.run.request(std::move(want));
-    s.state = std::make_shared<shuffle_resume>(std::move(*st));
+    run.request(std::move(want));
+    st.resume = std::move(*r);
+}
+
+/// Without a seed of its own, the shuffle's seed (and so its replay on resume) waits for
+/// plan's setup, which runs after this one (see ops/plan_link.hpp).
+template <class T>
+void shuffle_setup(const shuffle_options& o, stage_setup& s) {
+    s.run.note("shuffle", "buffer=" + std::to_string(o.buffer) + " max_bytes=" + std::to_string(o.max_bytes) +
+                              " seed=" + (o.seed ? std::to_string(*o.seed) : std::string("plan")));
+    auto st = std::make_shared<shuffle_state>();
+    st->o = o;
+    st->o.seed = o.seed.value_or(0);
+    s.state = st;
+    check_epochs_at_start<T>(s, "shuffle", o.epochs);
+    if (o.seed) {
+        shuffle_plan_resume<T>(st->o, *st, s.run);
+        return;
+    }
+    listen_for_plan(s, [st](const plan_facts& f, run_state& run) {
+        st->o.seed = f.seed.value_or(0);
+        shuffle_plan_resume<T>(st->o, *st, run);
+    });
 }
 }  // namespace detail
 
@@ -181,6 +216,14 @@ void shuffle_setup(const shuffle_options& o, stage_setup& s) {
 /// incoming item joins a buffer of `buffer` items and a random one of them leaves; at the
 /// end of each epoch (items that know their shard: records, samples) the rest leave in
 /// random order. The order is a pure function of the input order, the seed and the epoch.
+/// The seed: `.seed` when set, else plan's (`plan({.seed})` seeds shard order and shuffle
+/// both), else 0.
+/// Items: any T; to keep epochs apart (and be resumable) T needs a
+/// `std::shared_ptr<const sluice::shard> source` member (records and samples have it; a
+/// user's type copies it from the record or sample it is made from). Without one, a
+/// pipeline whose plan runs several epochs fails at start naming the stage and the type,
+/// unless `.epochs = sluice::epoch_policy::ignore` lets epochs mix; with one epoch, or no
+/// plan, such items are one stream (state() then refuses).
 /// Resumable (core/state.hpp): on resume it works out what it held from the saved
 /// position and has only that read again.
 /// Backpressure: holds at most `buffer` items (and at most `max_bytes` bytes when set) plus
@@ -192,7 +235,7 @@ void shuffle_setup(const shuffle_options& o, stage_setup& s) {
 inline auto shuffle(shuffle_options o = {}) {
     auto make = [o]<class T>() {
         return make_stage<T, T>(
-            "shuffle", {.on = pool::cpu, .buffer = o.out}, [o](stage_setup& s) { detail::shuffle_setup<T>(o, s); },
+            "shuffle", {.on = pool::cpu, .out = o.out}, [o](stage_setup& s) { detail::shuffle_setup<T>(o, s); },
             [o](stage_context<T, T>& ctx) { return detail::shuffle_worker<T>(ctx, o); });
     };
     return detail::deferred<decltype(make)>{make};

@@ -71,3 +71,18 @@ TEST_CASE("@FILE: relative entries are relative to the list file, a loop is an e
     REQUIRE_THROWS_WITH(sluice::expand({"@" + (d / "loop.txt")}),
                         Catch::Matchers::StartsWith("sluice: list files nested too deep (a loop?) at '"));
 }
+
+TEST_CASE("an empty listing is an error naming the directory or pattern, never 0 items", "[list]") {
+    sluice_test::temp_dir d;
+    std::filesystem::create_directories(d / "empty/sub");  // no file anywhere below
+    REQUIRE_THROWS_WITH(sluice::expand({d / "empty"}), "sluice: no file in directory '" + (d / "empty") +
+                                                           "': No such file or directory");
+    sluice::pipeline p(sluice::list(d / "empty"));
+    REQUIRE_THROWS_WITH(p.next_blocking(), Catch::Contains("no file in directory '" + (d / "empty") + "'"));
+    // A glob that matches only empty directories: the pattern is named.
+    REQUIRE_THROWS_WITH(sluice::expand({d / "emp*"}), Catch::Contains("no file matches (only empty directories) '" +
+                                                                      (d / "emp*") + "'"));
+    // An empty directory beside files adds nothing and is no error.
+    d.write("full/a.txt", "x");
+    REQUIRE(sluice::expand({d / "*"}) == V{d / "full/a.txt"});
+}

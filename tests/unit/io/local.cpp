@@ -104,3 +104,20 @@ TEST_CASE("mapped files give the same chunks as reads, as slices of one mapping"
     REQUIRE(mapped[0].data.owner_capacity() == content.size());  // the whole file, mapped once
     REQUIRE(mapped[1].data.data() == mapped[0].data.data() + 4096);
 }
+
+TEST_CASE("a URL given to read() says to use fetch(), naming it", "[local]") {
+    for (std::string url : {"http://host/shard-000.tar", "https://host/x.tar", "s3://bucket/key.tar", "HTTP://h/y"}) {
+        INFO(url);
+        sluice::pipeline p(sluice::from<sluice::shard>({{url, 0, 0}}) | sluice::read());
+        REQUIRE_THROWS_WITH(p.next_blocking(), "sluice: use sluice::fetch(), not sluice::read() (which reads local files), for '" +
+                                                   url + "': Protocol not supported");
+    }
+    sluice::pipeline q(sluice::from<sluice::shard>({{"gs://b/k", 0, 0}}) | sluice::read());
+    REQUIRE_THROWS_WITH(q.next_blocking(), Catch::Contains("sluice::read() reads local files, not 'gs://b/k'"));
+    // file:// is a local path.
+    sluice_test::temp_dir d;
+    const auto a = d.write("a", "hello");
+    auto chunks = read_all({"file://" + a}, {});
+    REQUIRE(chunks.size() == 1);
+    REQUIRE(chunks[0].data.view() == "hello");
+}

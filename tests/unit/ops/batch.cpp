@@ -6,7 +6,11 @@
 #include <sluice/ops/from.hpp>
 #include <sluice/ops/map.hpp>
 
+#include <atomic>
 #include <map>
+#include <mutex>
+#include <set>
+#include <thread>
 
 namespace {
 std::vector<sluice::record> records(const std::vector<std::string>& texts) {
@@ -167,4 +171,65 @@ TEST_CASE("with epoch sizes known, late records of an epoch still join its batch
         if (drop) REQUIRE(sizes_by_epoch[1] == std::vector<std::size_t>{4, 4});
         else REQUIRE(sizes_by_epoch[1] == std::vector<std::size_t>{4, 4, 2});
     }
+}
+
+TEST_CASE("a user's collate runs on `threads` workers, batches still in order and stamped", "[batch]") {
+    std::vector<sluice::record> rs;
+    for (std::uint32_t e = 0; e < 2; ++e) {
+        auto s = std::make_shared<const sluice::shard>(sluice::shard{"f", e, 0});
+        for (int i = 0; i < 200; ++i) rs.push_back({sluice::bytes::copy_of("x"), s, std::uint64_t(i), 0});
+    }
+    std::mutex m;
+    std::set<std::thread::id> threads;
+    std::atomic<int> running{0}, peak{0};
+    // Each item: its epoch and index; a batch: the list of them, made slowly.
+    auto collate = [&](std::vector<batch_test_tagged>& g) {
+        const int now = ++running;
+        int p = peak.load();
+        while (now > p && !peak.compare_exchange_weak(p, now)) {}
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        {
+            std::lock_guard lock(m);
+            threads.insert(std::this_thread::get_id());
+        }
+        std::vector<int> out;
+        for (auto& t : g) out.push_back(int(t.source->epoch) * 1000 + t.value);
+        --running;
+        return out;
+    };
+    auto run = [&](unsigned n, std::vector<std::string>* states = nullptr) {
+        std::vector<std::vector<int>> out;
+        sluice::pipeline p(sluice::from(rs) |
+                               sluice::map([](sluice::record r) { return batch_test_tagged{r.source, int(r.index)}; }) |
+                               sluice::batch({.size = 9, .threads = n}, collate),
+                           {.runtime = {.cpu_threads = 4}});
+        while (auto b = p.next_blocking()) {
+            out.push_back(*b);
+            if (states) states->push_back(p.state());
+        }
+        return out;
+    };
+    std::vector<std::string> states1, states4;
+    const auto one = run(1, &states1);
+    REQUIRE(one.size() == 2 * 23);  // 200 / 9 per epoch, the last one partial
+    REQUIRE(peak.load() == 1);
+    threads.clear();
+    REQUIRE(run(4, &states4) == one);  // the same batches, in the same order
+    REQUIRE(peak.load() > 1);          // collated at once on several workers
+    REQUIRE(threads.size() > 1);
+    REQUIRE(states4 == states1);  // each batch still has its place in the sequence
+}
+
+TEST_CASE("batch's options reject nothing silently: threads with a collate is a two-stage batch", "[batch]") {
+    auto sum = [](std::vector<int>& v) {
+        int s = 0;
+        for (int x : v) s += x;
+        return s;
+    };
+    sluice::pipeline p(sluice::from<int>({1, 2, 3, 4, 5, 6, 7}) | sluice::batch({.size = 3, .threads = 2}, sum));
+    std::vector<int> got;
+    for (int s : p) got.push_back(s);
+    REQUIRE(got == std::vector<int>{6, 15, 7});
+    const auto f = p.figures().table();
+    REQUIRE(f.find("group") != std::string::npos);  // grouping, then collation on 2 workers
 }

@@ -47,3 +47,31 @@ TEST_CASE("map deduces its input type, or takes it explicitly for generic lambda
         got.push_back(x);
     REQUIRE(got == std::vector<double>{1.5});
 }
+
+// Not local nor in an anonymous namespace: a stage's coroutine frame holds it (g++'s
+// -Wsubobject-linkage).
+struct map_test_twice {
+    int operator()(int x) const { return 2 * x; }
+    std::string operator()(std::string s) const { return s + s; }
+};
+
+TEST_CASE("a generic lambda in map takes the type of what it is attached to", "[map]") {
+    // Piped after a stage: the input type is that stage's output.
+    std::vector<int> got;
+    for (int x : sluice::pipeline(sluice::from<int>({1, 2, 3}) | sluice::map([](auto x) { return x * 2; })))
+        got.push_back(x);
+    REQUIRE(got == std::vector<int>{2, 4, 6});
+    // Stored before it is attached, and joined to other closures; `const auto&` too.
+    auto tail = sluice::map([](const auto& s) { return s + "!"; }, {.threads = 2}) |
+                sluice::map([](auto s) { return s.size(); });
+    std::vector<std::size_t> sizes;
+    for (auto n : sluice::pipeline(sluice::from<std::string>({"a", "bcd"}) | tail)) sizes.push_back(n);
+    REQUIRE(sizes == std::vector<std::size_t>{2, 4});
+    // An overloaded function object is generic too; the overload is picked by the type.
+    std::vector<std::string> strs;
+    for (auto& s : sluice::pipeline(sluice::from<std::string>({"ab"}) | sluice::map(map_test_twice{}))) strs.push_back(s);
+    REQUIRE(strs == std::vector<std::string>{"abab"});
+    // Function pointers and noexcept lambdas still give a typed stage at once.
+    auto c = sluice::map([](int x) noexcept { return x + 1; });
+    static_assert(std::is_same_v<decltype(c), sluice::stage<int, int>>);
+}

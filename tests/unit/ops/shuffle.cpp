@@ -138,3 +138,150 @@ TEST_CASE("a late record of an epoch already drained passes on, not lost and not
     REQUIRE(got.size() == 200);
     REQUIRE(std::set<std::pair<std::uint32_t, std::uint64_t>>(got.begin(), got.end()).size() == 200);
 }
+
+// ---- plan's seed feeds a shuffle without one; items that cannot keep epochs apart ----
+
+#include <sluice/ops/batch.hpp>
+#include <sluice/ops/map.hpp>
+#include <sluice/ops/plan.hpp>
+
+namespace {
+// A decoder stand-in: each shard holds `per_shard` records, and only those the shard
+// takes are sent (as real decoders do on resume).
+sluice::task<void> make_records(sluice::stage_context<sluice::shard, sluice::record>& ctx, std::uint64_t per_shard) {
+    while (auto s = co_await ctx.in.next()) {
+        auto src = std::make_shared<const sluice::shard>(std::move(*s));
+        for (std::uint64_t i = 0; i < per_shard; ++i) {
+            if (!src->takes(i)) continue;
+            sluice::record r{sluice::bytes::copy_of(src->url + "#" + std::to_string(i)), src, i, 0};
+            co_await ctx.out.send(std::move(r));
+        }
+    }
+}
+sluice::stage<sluice::shard, sluice::record> decoder(std::uint64_t per_shard) {
+    return sluice::make_stage<sluice::shard, sluice::record>(
+        "decode", {}, [per_shard](sluice::stage_context<sluice::shard, sluice::record>& ctx) {
+            return make_records(ctx, per_shard);
+        });
+}
+std::vector<std::string> shard_names(int n) {
+    std::vector<std::string> v;
+    for (int i = 0; i < n; ++i) v.push_back("s" + std::to_string(i));
+    return v;
+}
+std::vector<std::string> keys_of(sluice::pipeline<sluice::host_batch>& p, std::size_t max_batches = ~std::size_t{0}) {
+    std::vector<std::string> out;
+    for (std::size_t n = 0; n < max_batches; ++n) {
+        auto b = p.next_blocking();
+        if (!b) break;
+        for (std::size_t i = 0; i < b->size(); ++i) out.push_back(b->key(i));
+    }
+    return out;
+}
+sluice::source<sluice::host_batch> seeded(sluice::plan_options po, sluice::shuffle_options so,
+                                          std::uint64_t per_shard = 30) {
+    return sluice::from(shard_names(5)) | sluice::plan(po) | decoder(per_shard) | sluice::shuffle(so) |
+           sluice::batch({.size = 7});
+}
+}  // namespace
+
+TEST_CASE("a shuffle without a seed of its own takes plan's: one seed, given once", "[shuffle][plan]") {
+    const sluice::plan_options po{.epochs = 2, .seed = 17, .rank = 0, .world = 1};
+    auto keys = [](sluice::source<sluice::host_batch> src) {
+        sluice::pipeline p(std::move(src));
+        return keys_of(p);
+    };
+    const auto from_plan = keys(seeded(po, {.buffer = 40}));
+    REQUIRE(from_plan.size() == 300);
+    REQUIRE(from_plan == keys(seeded(po, {.buffer = 40, .seed = 17})));  // the same as naming it
+    REQUIRE(from_plan != keys(seeded(po, {.buffer = 40, .seed = 0})));   // which it did not do before
+    REQUIRE(from_plan != keys(seeded({.epochs = 2, .seed = 18, .rank = 0, .world = 1}, {.buffer = 40})));
+    // Its own seed wins over plan's.
+    REQUIRE(keys(seeded(po, {.buffer = 40, .seed = 3})) ==
+            keys(seeded({.epochs = 2, .seed = 17, .rank = 0, .world = 1}, {.buffer = 40, .seed = 3})));
+    // A plan without a seed, or no plan: 0, as before.
+    REQUIRE(keys(seeded({.epochs = 2, .rank = 0, .world = 1}, {.buffer = 40})) ==
+            keys(seeded({.epochs = 2, .rank = 0, .world = 1}, {.buffer = 40, .seed = 0})));
+    REQUIRE(shuffled(500, {.buffer = 50}) == shuffled(500, {.buffer = 50, .seed = 0}));
+    // The state names where the seed came from; plan's note holds the seed itself.
+    sluice::pipeline p(seeded(po, {.buffer = 40}));
+    REQUIRE(p.next_blocking());
+    const auto state = p.state();
+    REQUIRE(state.find("note shuffle buffer=40 max_bytes=0 seed=plan\n") != std::string::npos);
+    REQUIRE(state.find("note plan seed=17 ") != std::string::npos);
+}
+
+TEST_CASE("a shuffle seeded by plan resumes exactly, with and without record counts", "[shuffle][plan]") {
+    auto counts = std::make_shared<sluice::record_counts>();
+    for (auto& n : shard_names(5)) (*counts)[n] = 30;
+    for (bool with_counts : {true, false}) {
+        for (std::size_t cut : {1u, 9u, 21u, 22u, 30u}) {
+            INFO("counts " << with_counts << ", cut after batch " << cut);
+            const sluice::plan_options po{
+                .epochs = 2, .seed = 5, .rank = 0, .world = 1, .counts = with_counts ? counts : nullptr};
+            sluice::pipeline whole(seeded(po, {.buffer = 25}));
+            const auto all = keys_of(whole);
+            sluice::pipeline first(seeded(po, {.buffer = 25}));
+            auto got = keys_of(first, cut);
+            const auto state = first.state();
+            first.stop();
+            sluice::pipeline rest(seeded(po, {.buffer = 25}), {.resume = state});
+            for (auto& k : keys_of(rest)) got.push_back(k);
+            REQUIRE(got == all);
+            // Another plan seed is another sequence: the state refuses it.
+            sluice::pipeline other(seeded({.epochs = 2, .seed = 6, .rank = 0, .world = 1, .counts = po.counts},
+                                          {.buffer = 25}),
+                                   {.resume = state});
+            REQUIRE_THROWS_WITH(other.next_blocking(), Catch::Contains("seed=5") && Catch::Contains("seed=6"));
+        }
+    }
+}
+
+// A user's item types: one that says its epoch, one that does not.
+struct shuffle_test_with_source {
+    std::shared_ptr<const sluice::shard> source;
+    std::uint64_t index = 0;
+};
+struct shuffle_test_no_source {
+    std::uint64_t index = 0;
+};
+
+TEST_CASE("items that cannot say their epoch are refused at start when plan runs several", "[shuffle][plan]") {
+    auto src = [](unsigned epochs) {
+        return sluice::from(shard_names(3)) | sluice::plan({.epochs = epochs, .seed = 1, .rank = 0, .world = 1}) |
+               decoder(10) | sluice::map([](sluice::record r) { return shuffle_test_no_source{r.index}; });
+    };
+    auto count = [](auto src) {
+        std::size_t n = 0;
+        for (auto& x : sluice::pipeline(std::move(src))) (void)x, ++n;
+        return n;
+    };
+    // Shuffle: the start fails, naming the stage, the type and both ways out.
+    sluice::pipeline p(src(2) | sluice::shuffle({.buffer = 4}));
+    REQUIRE_THROWS_WITH(p.next_blocking(), Catch::Contains("shuffle: plan runs 2 epochs") &&
+                                               Catch::Contains("shuffle_test_no_source") &&
+                                               Catch::Contains("std::shared_ptr<const sluice::shard> source") &&
+                                               Catch::Contains(".epochs = sluice::epoch_policy::ignore"));
+    // Batch (with a collate of the user's type) too.
+    auto size = [](std::vector<shuffle_test_no_source>& v) { return v.size(); };
+    sluice::pipeline q(src(3) | sluice::batch({.size = 4}, size));
+    REQUIRE_THROWS_WITH(q.next_blocking(), Catch::Contains("batch: plan runs 3 epochs") &&
+                                               Catch::Contains("shuffle_test_no_source"));
+    // Explicitly one stream: runs, epochs mixing; state() still says it cannot save a position.
+    REQUIRE(count(src(2) | sluice::shuffle({.buffer = 4, .epochs = sluice::epoch_policy::ignore})) == 60);
+    sluice::pipeline r(src(2) | sluice::batch({.size = 4, .epochs = sluice::epoch_policy::ignore}, size));
+    std::size_t n = 0;
+    while (auto b = r.next_blocking()) n += *b;
+    REQUIRE(n == 60);
+    REQUIRE_THROWS_WITH(r.state(), Catch::Contains("do not say which epoch"));
+    // One epoch cannot mix: no error.
+    REQUIRE(count(src(1) | sluice::shuffle({.buffer = 4}) | sluice::batch({.size = 4}, size)) == 8);
+    // A type that carries its source is fine with any number of epochs.
+    auto tagged = sluice::from(shard_names(3)) | sluice::plan({.epochs = 2, .seed = 1, .rank = 0, .world = 1}) |
+                  decoder(10) | sluice::map([](sluice::record r) { return shuffle_test_with_source{r.source, r.index}; }) |
+                  sluice::shuffle({.buffer = 4});
+    std::vector<std::uint32_t> epochs;
+    for (auto& x : sluice::pipeline(std::move(tagged))) epochs.push_back(x.source->epoch);
+    REQUIRE(epochs.size() == 60);
+    REQUIRE(std::is_sorted(epochs.begin(), epochs.end()));  // never mixed
+}
