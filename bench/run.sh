@@ -335,16 +335,19 @@ for w in "${what[@]}"; do
     for i in $(seq 100); do grep -q port "$work/fault.out" && break; sleep 0.1; done
     url="http://127.0.0.1:$(cut -d' ' -f2 < "$work/fault.out")/shard-{000000..000063}.txt"
     gbs() { awk -v b="$bytes" -v s="$1" 'BEGIN { printf "%.3f", b / s / 1e9 }'; }
+    # The I/O loop's busy time (io_loop_cpu_s: CPU seconds of the "sluice-io" thread): it
+    # only waits for readiness; cache lookups, pwrite, commits and mmap run on the CPU pool.
     t0=$(now); "$probe" --format chunks --json --quiet --in-flight 16 --cache "$work/c" "$url" > "$work/e1.json"; t1=$(now)
+    io1=$(field io_loop_cpu_s < "$work/e1.json")
     [ "$(field cache_misses < "$work/e1.json")" = 64 ] || { echo "cache: epoch 1 should miss 64 times" >&2; cat "$work/e1.json" >&2; exit 1; }
     e1=$(gbs "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")
-    best2=0
+    best2=0 io2=0
     for i in 1 2 3; do
       t0=$(now); "$probe" --format chunks --json --quiet --in-flight 16 --cache "$work/c" "$url" > "$work/e2.json"; t1=$(now)
       [ "$(field cache_hits < "$work/e2.json")" = 64 ] && [ "$(field requests < "$work/e2.json")" = 0 ] ||
         { echo "cache: epoch 2 should hit 64 times and send no request" >&2; cat "$work/e2.json" >&2; exit 1; }
       g=$(gbs "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')")
-      best2=$(awk -v x="$g" -v y="$best2" 'BEGIN { print (x > y) ? x : y }')
+      if awk -v x="$g" -v y="$best2" 'BEGIN { exit !(x > y) }'; then best2=$g; io2=$(field io_loop_cpu_s < "$work/e2.json"); fi
     done
     # The same epoch 2 through the whole pipeline (lines parsed, batches of 256 collated):
     # what a trainer gets, where the copy into batches is the cost.
@@ -355,8 +358,8 @@ for w in "${what[@]}"; do
       bestp=$(awk -v x="$g" -v y="$bestp" 'BEGIN { print (x > y) ? x : y }')
     done
     cat_gbs=$(best_of_3 sh -c "cat '$work/c'/[!.]* > /dev/null")
-    echo "{\"bench\":\"cache_epochs\",\"bytes\":$bytes,\"objects\":64,\"epoch1_fault_server_gb_per_s\":$e1,\"epoch2_cache_gb_per_s\":$best2,\"epoch2_parsed_batched_gb_per_s\":$bestp,\"cat_gb_per_s\":$cat_gbs,\"speedup\":$(ratio "$best2" "$e1"),\"ratio_to_cat\":$(ratio "$best2" "$cat_gbs"),\"parsed_batched_ratio_to_cat\":$(ratio "$bestp" "$cat_gbs")}"
-    echo "cache, 64 x 8 MiB: epoch 1 (fault server, 50 ms first byte, 16 in flight) $e1 GB/s; epoch 2 (cache) $best2 GB/s = $(ratio "$best2" "$e1") x; cat of the cached files $cat_gbs GB/s, ratio $(ratio "$best2" "$cat_gbs") (goal >= 0.8); epoch 2 parsed and batched $bestp GB/s, ratio $(ratio "$bestp" "$cat_gbs")" >&2
+    echo "{\"bench\":\"cache_epochs\",\"bytes\":$bytes,\"objects\":64,\"epoch1_fault_server_gb_per_s\":$e1,\"epoch2_cache_gb_per_s\":$best2,\"epoch2_parsed_batched_gb_per_s\":$bestp,\"cat_gb_per_s\":$cat_gbs,\"speedup\":$(ratio "$best2" "$e1"),\"ratio_to_cat\":$(ratio "$best2" "$cat_gbs"),\"parsed_batched_ratio_to_cat\":$(ratio "$bestp" "$cat_gbs"),\"epoch1_io_loop_cpu_s\":$io1,\"epoch2_io_loop_cpu_s\":$io2}"
+    echo "cache, 64 x 8 MiB: epoch 1 (fault server, 50 ms first byte, 16 in flight) $e1 GB/s; epoch 2 (cache) $best2 GB/s = $(ratio "$best2" "$e1") x; cat of the cached files $cat_gbs GB/s, ratio $(ratio "$best2" "$cat_gbs") (goal >= 0.8); epoch 2 parsed and batched $bestp GB/s, ratio $(ratio "$bestp" "$cat_gbs"); I/O loop CPU: epoch 1 $io1 s, epoch 2 $io2 s" >&2
     kill $fault_pid 2>/dev/null; wait $fault_pid 2>/dev/null; rm -rf "$work"; trap - EXIT
     ;;
   *) echo "unknown benchmark $w (channel, crc32c, local, formats, http, s3, memory, device, cache)" >&2; exit 2 ;;

@@ -124,6 +124,9 @@ inline stage_figures snapshot(const stage_stats& s, std::uint64_t now_ns) {
 /// Figures for a whole pipeline: every stage in order, then the consumer.
 struct pipeline_figures {
     double seconds = 0;
+    /// CPU seconds used by the runtime's I/O loop thread (runtime::io_cpu_seconds()): its
+    /// busy time. The loop only waits for readiness, so this is a small share of `seconds`.
+    double io_loop_cpu_s = 0;
     std::vector<stage_figures> stages;  // the last one is "consumer"
 
     /// The stage that limits throughput: the one whose workers spent the most time
@@ -153,7 +156,14 @@ struct pipeline_figures {
         std::snprintf(buf, sizeof buf, "[sluice] %8.1fs %12llu records %10.0f records/s %9.1f MB/s  bottleneck: %s",
                       seconds, static_cast<unsigned long long>(r), double(r) / s, double(b) / s / 1e6,
                       bottleneck().c_str());
-        return buf;
+        std::string line = buf;
+        // Trouble shows as it happens: retries, throttling, skipped corruption (a fetch
+        // that retries for a while says so before its error, not only after).
+        for (auto& st : stages)
+            for (auto& [n, v] : st.counters)
+                if (v && (n == "retries" || n == "throttled" || n == "corrupt"))
+                    line += "  " + st.name + " " + n + ": " + std::to_string(v);
+        return line;
     }
 
     /// The final table: one row per stage.
@@ -176,11 +186,12 @@ struct pipeline_figures {
         return out;
     }
 
-    /// The same as JSON: {"seconds":..,"bottleneck":..,"stages":[{...}]}.
+    /// The same as JSON: {"seconds":..,"io_loop_cpu_s":..,"bottleneck":..,"stages":[{...}]}.
     std::string json() const {
         detail::json_writer w;
         w.begin_object();
         w.key("seconds").value(seconds);
+        w.key("io_loop_cpu_s").value(io_loop_cpu_s);
         w.key("bottleneck").value(bottleneck());
         w.key("stages");
         write_stages(w);

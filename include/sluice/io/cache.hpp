@@ -6,15 +6,32 @@
 // it arrives. Layout: one file per object, named by a hash of its URL and its file name.
 //  - Atomic: an object is written to a temporary file (".tmp-..."), ends with a trailer
 //    that records its size, is flushed to disk (fdatasync) and only then renamed into
-//    place. A crash leaves at most a temporary file (removed by a later eviction once
+//    place. A crash leaves at most a temporary file (removed by a later scan once
 //    stale), never a cached object that is later served; a copy whose trailer does not
 //    match (cut short by hand, or by a file system that lost the flush) is discarded and
 //    fetched again.
 //  - Bounded: after each new object, the least recently used objects (by modification
 //    time, which each hit refreshes) are removed until the cache holds at most max_bytes.
-//    Eviction holds an exclusive flock() on "<dir>/.lock", so processes sharing the
+//    Placement holds an exclusive flock() on "<dir>/.lock", so processes sharing the
 //    directory do not both evict for the same room. A reader that opened an object before
 //    another process evicted it keeps reading it (POSIX unlink semantics).
+//  - No directory scan per object: each process keeps an index of the directory (path,
+//    bytes, modification time, ordered by time) built by one scan, and the node-wide total
+//    of committed bytes lives in "<dir>/.lock" itself (read and written under its flock by
+//    every process, so the limit holds across processes without a scan). Placing an object
+//    is O(1) system calls: flock, lstat of the target, the total, rename. The directory is
+//    scanned again (lstat of every entry; stale temporary files removed) when the index is
+//    older than rescan_after (10 s: files removed by hand, a total left wrong by a crash),
+//    and when room must be made and the oldest copy the index knows was used or made after
+//    its scan: copies other processes made since may then be older, so LRU order needs a
+//    fresh look. Copies older than the scan come first, so a scan is followed by up to
+//    a cache's worth of evictions and hits before the next: amortised O(1) per object. An
+//    eviction candidate is lstat'ed first: a copy another process hit since the scan is
+//    kept (its newer time re-sorts it), one already gone is dropped from the index. Hits
+//    refresh the time in the index too. With max_bytes == 0 nothing is counted and the
+//    directory is never scanned (stale temporary files are then left for a cache with a
+//    limit, or removal by hand). max_bytes bounds committed copies; copies being written
+//    come on top until they are committed.
 //  - A write that fails (a full disk, a quota) abandons that object's copy with a warning;
 //    the object is still delivered from its source, whole and once, and nothing partial is
 //    ever renamed into place.
@@ -46,9 +63,12 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <span>
 #include <string>
 #include <system_error>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace sluice {
@@ -70,6 +90,9 @@ struct cache_options {
     /// Temporary files untouched for this long belong to a process that died: eviction
     /// removes them.
     std::chrono::seconds stale_after{3600};
+    /// With max_bytes: how old this process's index of the directory may get before it is
+    /// built again by a scan (other processes add and remove copies; see cache.hpp).
+    std::chrono::milliseconds rescan_after{10000};
     /// Receives warnings (a copy that could not be written); by default one line on
     /// stderr for the first, then a count in the stage's stats ("cache_write_failures").
     std::function<void(const std::string&)> on_warning = nullptr;
@@ -136,10 +159,11 @@ public:
         }
         if (!ok) {
             ::close(h.fd);
-            ::unlink(h.path.c_str());  // cut short (a power loss before its data reached disk)
+            discard(h.path, st);  // cut short (a power loss before its data reached disk)
             return std::nullopt;
         }
         ::futimens(h.fd, nullptr);  // owner: allowed on a read-only descriptor
+        if (o_.max_bytes) touch(h.path, static_cast<std::uint64_t>(st.st_size));
         return h;
     }
 
@@ -228,28 +252,157 @@ public:
 
     std::atomic<std::uint64_t> failures{0};
 
-    /// Under the directory's lock: removes stale temporary files, then least recently
-    /// used objects until `incoming` more bytes fit in max_bytes, then renames `tmp` (the
-    /// caller's complete copy) to `final`. Returns 0 or the rename's errno.
+    std::atomic<std::uint64_t> evictions{0};
+    /// Directory scans so far (placing an object does not scan; see the header).
+    std::atomic<std::uint64_t> scans{0};
+
+    /// Under the directory's lock: makes room for `incoming` more bytes (least recently
+    /// used copies first) and renames `tmp` (the caller's complete copy) to `final`.
+    /// Returns 0 or the rename's errno.
     int place(std::uint64_t incoming, const std::string& tmp, const std::string& final) {
+        auto rename_into_place = [&] { return ::rename(tmp.c_str(), final.c_str()) == 0 ? 0 : errno; };
+        if (!o_.max_bytes) return rename_into_place();  // nothing to count: no lock, no scan
         std::lock_guard local(m_);  // flock is per open file: threads of this process queue here
-        struct flock_guard {
-            int fd;
-            explicit flock_guard(int f) : fd(f) {
-                while (::flock(fd, LOCK_EX) != 0 && errno == EINTR) {
+        flock_guard lock(lock_fd_);
+        const std::string keep = tmp.substr(tmp.find_last_of('/') + 1);
+        bool scanned = false;
+        auto rescan = [&] {
+            scan(keep);
+            scanned = true;
+        };
+        if (!scanned_once_ || std::chrono::steady_clock::now() - last_scan_ > o_.rescan_after) rescan();
+        std::optional<std::uint64_t> total = read_total();
+        if (!total) {  // written by no one yet (or damaged): count it
+            rescan();
+            total = read_total();
+        }
+        std::uint64_t used = total.value_or(0);
+        // A copy of the same object already there (another process's) is replaced.
+        auto replaced = [&] {
+            struct stat st {};
+            return ::lstat(final.c_str(), &st) == 0 && S_ISREG(st.st_mode) ? static_cast<std::uint64_t>(st.st_size) : 0;
+        };
+        std::uint64_t old = replaced();
+        auto over = [&] { return used - std::min(used, old) + incoming > o_.max_bytes; };
+        {
+            std::lock_guard il(index_m_);
+            forget(final);
+        }
+        while (over()) {
+            std::optional<std::pair<std::string, std::uint64_t>> victim;
+            bool look_again = false;
+            {
+                std::lock_guard il(index_m_);
+                // The oldest copy this index knows. One used or made since the last scan
+                // may be younger than copies other processes made since: look again first.
+                if (!by_time_.empty() && (scanned || by_time_.begin()->first <= scan_started_ns_)) {
+                    const auto [when, path] = *by_time_.begin();
+                    struct stat st {};
+                    if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+                        forget(path);  // removed by another process (which counted it)
+                        continue;
+                    }
+                    if (ns_of(st.st_mtim) > when) {  // hit by another process since the scan
+                        remember(path, static_cast<std::uint64_t>(st.st_size), ns_of(st.st_mtim));
+                        continue;
+                    }
+                    victim.emplace(path, static_cast<std::uint64_t>(st.st_size));
+                    forget(path);
+                } else {
+                    look_again = !scanned;
                 }
             }
-            ~flock_guard() { ::flock(fd, LOCK_UN); }
-        } lock(lock_fd_);
-        struct entry {
-            std::string path;
-            std::uint64_t bytes;
-            struct timespec mtime;
-        };
-        std::vector<entry> entries;
+            if (look_again) {
+                rescan();
+                used = read_total().value_or(0);
+                old = replaced();
+                std::lock_guard il(index_m_);
+                forget(final);
+                continue;
+            }
+            if (!victim) break;  // nothing left to evict (copies being written are not counted)
+            if (::unlink(victim->first.c_str()) == 0) used -= std::min(used, victim->second);
+            evictions.fetch_add(1, std::memory_order_relaxed);
+        }
+        const int err = rename_into_place();
+        if (err == 0) {
+            used = used - std::min(used, old) + incoming;
+            std::lock_guard il(index_m_);
+            remember(final, incoming, now_ns());
+        }
+        write_total(used);
+        return err;
+    }
+
+private:
+    struct flock_guard {
+        int fd;
+        explicit flock_guard(int f) : fd(f) {
+            while (::flock(fd, LOCK_EX) != 0 && errno == EINTR) {
+            }
+        }
+        ~flock_guard() { ::flock(fd, LOCK_UN); }
+        flock_guard(const flock_guard&) = delete;
+        flock_guard& operator=(const flock_guard&) = delete;
+    };
+    struct entry {
+        std::uint64_t bytes;
+        std::int64_t mtime_ns;
+    };
+    static constexpr char total_magic[8] = {'s', 'l', 'u', 'i', 'c', 'e', 't', '1'};
+
+    static std::int64_t ns_of(const struct timespec& t) noexcept {
+        return std::int64_t(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+    }
+    static std::int64_t now_ns() noexcept {  // not before the file times the kernel gives
+        struct timespec t {};
+        ::clock_gettime(CLOCK_REALTIME, &t);
+        return ns_of(t);
+    }
+
+    // The index (under index_m_).
+    void forget(const std::string& path) {
+        if (auto it = by_path_.find(path); it != by_path_.end()) {
+            by_time_.erase({it->second.mtime_ns, path});
+            by_path_.erase(it);
+        }
+    }
+    void remember(const std::string& path, std::uint64_t bytes, std::int64_t mtime_ns) {
+        forget(path);
+        by_path_.emplace(path, entry{bytes, mtime_ns});
+        by_time_.emplace(mtime_ns, path);
+    }
+    /// A hit: the copy is now the most recently used (added when another process made it).
+    void touch(const std::string& path, std::uint64_t bytes) {
+        std::lock_guard il(index_m_);
+        if (scanned_once_) remember(path, bytes, now_ns());
+    }
+
+    /// The node-wide total of committed bytes, kept in the lock file (under its flock).
+    std::optional<std::uint64_t> read_total() const {
+        unsigned char b[16];
+        if (::pread(lock_fd_, b, sizeof b, 0) != static_cast<ssize_t>(sizeof b) ||
+            std::memcmp(b, total_magic, sizeof total_magic) != 0)
+            return std::nullopt;
+        std::uint64_t v = 0;
+        for (int i = 7; i >= 0; --i) v = (v << 8) | b[8 + i];
+        return v;
+    }
+    void write_total(std::uint64_t v) const {
+        unsigned char b[16];
+        std::memcpy(b, total_magic, sizeof total_magic);
+        for (int i = 0; i < 8; ++i) b[8 + i] = static_cast<unsigned char>(v >> (8 * i));
+        [[maybe_unused]] const auto n = ::pwrite(lock_fd_, b, sizeof b, 0);  // a lost write: the next scan counts
+    }
+
+    /// Under the flock: one pass over the directory. Removes stale temporary files (not
+    /// `keep`, the caller's own), rebuilds the index and writes the total.
+    void scan(const std::string& keep) {
+        std::unordered_map<std::string, entry> paths;
+        std::set<std::pair<std::int64_t, std::string>> times;
         std::uint64_t used = 0;
         const auto now = std::chrono::system_clock::now();
-        const std::string keep_name = tmp.substr(tmp.find_last_of('/') + 1);
+        const auto started = now_ns();
         if (DIR* d = ::opendir(o_.dir.c_str())) {
             while (dirent* e = ::readdir(d)) {
                 const std::string name = e->d_name;
@@ -257,39 +410,55 @@ public:
                 const std::string path = o_.dir + "/" + name;
                 struct stat st {};
                 if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
-                const auto bytes = static_cast<std::uint64_t>(st.st_size);
                 if (name.starts_with(".tmp-")) {
-                    const auto age = now - std::chrono::system_clock::time_point(
-                                               std::chrono::seconds(st.st_mtim.tv_sec));
-                    if (name != keep_name && age > o_.stale_after) ::unlink(path.c_str());
-                    else if (name != keep_name) used += bytes;  // another writer's object in progress
-                    continue;
+                    const auto age = now - std::chrono::system_clock::time_point(std::chrono::seconds(st.st_mtim.tv_sec));
+                    if (name != keep && age > o_.stale_after) ::unlink(path.c_str());
+                    continue;  // another writer's object in progress: counted when committed
                 }
-                if (path == final) continue;  // another process's copy of the same object: replaced
+                const auto bytes = static_cast<std::uint64_t>(st.st_size);
                 used += bytes;
-                entries.push_back({path, bytes, st.st_mtim});
+                paths.emplace(path, entry{bytes, ns_of(st.st_mtim)});
+                times.emplace(ns_of(st.st_mtim), path);
             }
             ::closedir(d);
         }
-        auto rename_into_place = [&] { return ::rename(tmp.c_str(), final.c_str()) == 0 ? 0 : errno; };
-        if (!o_.max_bytes || used + incoming <= o_.max_bytes) return rename_into_place();
-        std::sort(entries.begin(), entries.end(), [](const entry& a, const entry& b) {
-            return a.mtime.tv_sec != b.mtime.tv_sec ? a.mtime.tv_sec < b.mtime.tv_sec : a.mtime.tv_nsec < b.mtime.tv_nsec;
-        });
-        for (auto& e : entries) {
-            if (used + incoming <= o_.max_bytes) break;
-            if (::unlink(e.path.c_str()) == 0 || errno == ENOENT) used -= std::min(used, e.bytes);
-            evictions.fetch_add(1, std::memory_order_relaxed);
+        write_total(used);
+        {
+            std::lock_guard il(index_m_);
+            by_path_ = std::move(paths);
+            by_time_ = std::move(times);
+            scanned_once_ = true;
+            scan_started_ns_ = started;
         }
-        return rename_into_place();
+        last_scan_ = std::chrono::steady_clock::now();
+        scans.fetch_add(1, std::memory_order_relaxed);
     }
 
-    std::atomic<std::uint64_t> evictions{0};
+    /// Removes a copy that failed its trailer check, unless another copy replaced it.
+    void discard(const std::string& path, const struct stat& opened) {
+        if (!o_.max_bytes) {
+            ::unlink(path.c_str());
+            return;
+        }
+        std::lock_guard local(m_);
+        flock_guard lock(lock_fd_);
+        struct stat st {};
+        if (::lstat(path.c_str(), &st) != 0 || st.st_ino != opened.st_ino || st.st_dev != opened.st_dev) return;
+        if (::unlink(path.c_str()) != 0) return;
+        if (auto total = read_total()) write_total(*total - std::min<std::uint64_t>(*total, static_cast<std::uint64_t>(st.st_size)));
+        std::lock_guard il(index_m_);
+        forget(path);
+    }
 
-private:
     cache_options o_;
     int lock_fd_ = -1;
-    std::mutex m_;
+    std::mutex m_;  // placement (and its scans) of this process, one at a time
+    std::chrono::steady_clock::time_point last_scan_{};  // under m_
+    std::mutex index_m_;  // the index: hits refresh it from other threads
+    bool scanned_once_ = false;  // under index_m_ (written under m_ too)
+    std::unordered_map<std::string, entry> by_path_;
+    std::set<std::pair<std::int64_t, std::string>> by_time_;
+    std::int64_t scan_started_ns_ = 0;  // wall clock, as file times are
     std::atomic<bool> warned_{false};
 };
 

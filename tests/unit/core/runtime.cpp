@@ -2,6 +2,9 @@
 
 #include "support/test_support.hpp"
 
+#include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <future>
 
 TEST_CASE("the runtime runs work on its I/O loop and its CPU pool", "[runtime]") {
@@ -16,4 +19,47 @@ TEST_CASE("the runtime runs work on its I/O loop and its CPU pool", "[runtime]")
     REQUIRE(rt.buffers() != nullptr);
     rt.join();
     rt.join();  // idempotent
+}
+
+TEST_CASE("the runtime reports its I/O thread's CPU time, and names the thread", "[runtime]") {
+    sluice::runtime rt({.cpu_threads = 1});
+    std::promise<void> idle;
+    asio::post(rt.io_executor(), [&] { idle.set_value(); });
+    idle.get_future().get();
+    const double before = rt.io_cpu_seconds();
+    REQUIRE(before >= 0);
+    REQUIRE(before < 0.2);  // an idle loop uses next to nothing
+    // Work on the CPU pool is not the loop's.
+    std::promise<void> cpu_done;
+    asio::post(rt.cpu_executor(), [&] {
+        const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+        while (std::chrono::steady_clock::now() < end) {
+        }
+        cpu_done.set_value();
+    });
+    cpu_done.get_future().get();
+    REQUIRE(rt.io_cpu_seconds() - before < 0.05);
+    // 150 ms of spinning on the loop shows in it.
+    std::promise<void> io_done;
+    asio::post(rt.io_executor(), [&] {
+        const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(150);
+        while (std::chrono::steady_clock::now() < end) {
+        }
+        io_done.set_value();
+    });
+    io_done.get_future().get();
+    const double after = rt.io_cpu_seconds();
+    REQUIRE(after - before > 0.05);  // CPU time: less than wall time when the machine is loaded
+    bool named = false;
+    for (auto& t : std::filesystem::directory_iterator("/proc/self/task")) {
+        std::ifstream comm(t.path() / "comm");
+        std::string name;
+        std::getline(comm, name);
+        named |= name == "sluice-io";
+    }
+    REQUIRE(named);
+    rt.join();
+    const double total = rt.io_cpu_seconds();  // kept after the thread is gone
+    REQUIRE(total >= after);
+    REQUIRE(rt.io_cpu_seconds() == total);
 }

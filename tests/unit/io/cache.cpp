@@ -158,3 +158,87 @@ TEST_CASE("processes sharing a cache directory keep it under its limit and every
         if (!e.path().filename().string().starts_with(".")) bytes += e.file_size();
     REQUIRE(bytes <= 5 * each);
 }
+
+TEST_CASE("placing objects does not scan the directory per object; with no limit it never scans", "[cache]") {
+    sluice_test::temp_dir d;
+    sluice::detail::local_cache c({.dir = d / "c", .max_bytes = 1 << 20});
+    for (int i = 0; i < 20; ++i) REQUIRE(put(c, "http://h/o" + std::to_string(i), std::string(100, 'x')));
+    REQUIRE(c.scans.load() == 1);  // the first placement builds the index
+    REQUIRE(entries(d / "c") == 20);
+    sluice::detail::local_cache unlimited({.dir = d / "u"});
+    for (int i = 0; i < 5; ++i) REQUIRE(put(unlimited, "http://h/o" + std::to_string(i), "y"));
+    REQUIRE(unlimited.find("http://h/o3"));
+    REQUIRE(unlimited.scans.load() == 0);
+    // An index older than rescan_after is built again (files removed by hand are forgotten).
+    sluice::detail::local_cache eager({.dir = d / "e", .max_bytes = 1 << 20, .rescan_after = std::chrono::milliseconds(0)});
+    REQUIRE(put(eager, "http://h/a", "a"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    REQUIRE(put(eager, "http://h/b", "b"));
+    REQUIRE(eager.scans.load() == 2);
+}
+
+TEST_CASE("the index follows other processes: LRU order across them, their hits keep a copy", "[cache]") {
+    // Two caches on one directory in one process: flock() excludes them like two processes.
+    sluice_test::temp_dir d;
+    const std::uint64_t each = 1000 + sluice::detail::local_cache::trailer_size;
+    const std::string dir = d / "c";
+    sluice::detail::local_cache a({.dir = dir, .max_bytes = 3 * each}), b({.dir = dir, .max_bytes = 3 * each});
+    auto pause = [] { std::this_thread::sleep_for(std::chrono::milliseconds(20)); };
+    auto there = [&](int i) { return std::filesystem::exists(a.path_for("http://h/" + std::to_string(i))); };
+    auto put_n = [&](sluice::detail::local_cache& c, int i) {
+        pause();
+        return put(c, "http://h/" + std::to_string(i), std::string(1000, char('0' + i)));
+    };
+    REQUIRE(put_n(a, 1));
+    REQUIRE(put_n(a, 2));
+    pause();
+    auto h = b.find("http://h/1");  // b hits 1: now 2 is the least recently used
+    REQUIRE(h);
+    ::close(h->fd);
+    REQUIRE(put_n(b, 3));  // b's index: built now
+    REQUIRE(put_n(a, 4));  // a's index lacks 3 (the total in .lock counts it): a looks again
+    REQUIRE_FALSE(there(2));
+    REQUIRE(there(1));
+    REQUIRE(a.scans.load() == 2);
+    REQUIRE(put_n(a, 5));
+    REQUIRE_FALSE(there(1));
+    REQUIRE(put_n(a, 6));
+    REQUIRE_FALSE(there(3));  // b's copy, the least recently used
+    REQUIRE(a.scans.load() == 2);  // copies older than the scan are evicted without one
+    REQUIRE(put_n(a, 7));
+    REQUIRE_FALSE(there(4));
+    REQUIRE(entries(dir) == 3);
+    REQUIRE(a.evictions.load() == 4);
+    // The same object placed again replaces its copy and is counted once.
+    REQUIRE(put_n(b, 7));
+    REQUIRE(entries(dir) == 3);
+    REQUIRE(put_n(b, 8));  // b's index is stale: gone copies are dropped, one eviction
+    REQUIRE(b.evictions.load() == 1);
+    REQUIRE_FALSE(there(5));
+    REQUIRE(there(6));
+    REQUIRE(there(7));
+    REQUIRE(entries(dir) == 3);
+}
+
+TEST_CASE("hits and placements on different threads share the index", "[cache]") {
+    sluice_test::temp_dir d;
+    const std::uint64_t each = 512 + sluice::detail::local_cache::trailer_size;
+    sluice::detail::local_cache c({.dir = d / "c", .max_bytes = 8 * each, .rescan_after = std::chrono::milliseconds(5)});
+    std::atomic<int> bad{0};
+    std::vector<std::thread> ts;
+    for (int t = 0; t < 4; ++t)
+        ts.emplace_back([&, t] {
+            for (int i = 0; i < 60; ++i) {
+                const int k = (i * 5 + t) % 16;
+                const std::string url = "http://h/o" + std::to_string(k), content(512, char('a' + k));
+                if (auto h = c.find(url)) bad += read_copy_raw(*h) != content;
+                else put_raw(c, url, content);
+            }
+        });
+    for (auto& t : ts) t.join();
+    REQUIRE(bad.load() == 0);
+    std::uint64_t bytes = 0;
+    for (auto& e : std::filesystem::directory_iterator(d / "c"))
+        if (!e.path().filename().string().starts_with(".")) bytes += e.file_size();
+    REQUIRE(bytes <= 8 * each);
+}
