@@ -20,7 +20,7 @@ sluice::source<std::uint64_t> generate(std::uint64_t n) {
 }
 auto plus_one() {
     return sluice::make_item_stage<std::uint64_t, std::uint64_t>(
-        "plus_one", {.on = sluice::pool::cpu, .buffer = {256, 0}},
+        "plus_one", {.on = sluice::pool::cpu, .out = {256, 0}},
         [](std::uint64_t&& x, std::vector<std::uint64_t>& out) { out.push_back(x + 1); });
 }
 auto sum() {

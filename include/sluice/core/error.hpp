@@ -13,8 +13,13 @@ class error : public std::runtime_error {
 public:
     explicit error(const std::string& what, std::error_code code = {})
         : std::runtime_error(what), code_(code) {}
-    /// The underlying condition (an errno, and in later layers curl, HTTP or CUDA codes).
+    /// The underlying condition: an errno (std::generic_category), a CURLcode
+    /// (sluice::curl_category), an HTTP status (sluice::http_category), a zlib code
+    /// (sluice::zlib_category) or a CUDA error (sluice::cuda_category).
     std::error_code code() const noexcept { return code_; }
+
+protected:
+    void set_code(std::error_code c) noexcept { code_ = c; }
 
 private:
     std::error_code code_;
@@ -31,6 +36,13 @@ public:
     /// The path or URL, redacted as in the message.
     const std::string& url() const noexcept { return url_; }
     std::uint64_t offset() const noexcept { return offset_; }
+    /// The same error with `c` as its code; the message is unchanged (it already says
+    /// what failed in words).
+    source_error with_code(std::error_code c) const {
+        source_error e = *this;
+        e.set_code(c);
+        return e;
+    }
 
     /// The URL as messages show it: without user:password@ and without the query string
     /// (presigned URLs carry their signature there), so no credential reaches a log.

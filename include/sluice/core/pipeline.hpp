@@ -365,6 +365,7 @@ private:
         pipeline_figures f;
         const auto now = detail::now_ns();
         f.seconds = double(now - r.start_ns) * 1e-9;
+        f.io_loop_cpu_s = r.rt->io_cpu_seconds();  // the I/O loop's busy time
         for (auto& s : r.stats) f.stages.push_back(snapshot(*s, now));
         // The consumer: busy between receives, waiting inside them.
         stage_figures c;

@@ -48,7 +48,7 @@ struct stage_options {
     /// Executor the workers run on.
     pool on = pool::cpu;
     /// Capacity of the stage's output channel (items, and bytes when non-zero).
-    channel_limits buffer = {64, 0};
+    channel_limits out = {64, 0};
 };
 
 namespace detail {
@@ -316,7 +316,7 @@ struct link_impl final : link {
     body_fn body;
 
     std::shared_ptr<void> make_output() const override {
-        return std::make_shared<channel<Out>>(opts.buffer);
+        return std::make_shared<channel<Out>>(opts.out);
     }
     std::function<void()> canceller(const std::shared_ptr<void>& out) const override {
         return [ch = static_cast<channel<Out>*>(out.get())] { ch->cancel(); };

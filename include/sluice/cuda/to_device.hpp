@@ -267,7 +267,7 @@ inline stage<host_batch, device_batch> to_device(to_device_options o, std::share
             co_await ctx.out.send(device_batch(std::make_shared<detail::device_lease>(ring, s)));
         }
     };
-    return make_stage<host_batch, device_batch>("to_device", {.on = pool::cpu, .buffer = {n, 0}},
+    return make_stage<host_batch, device_batch>("to_device", {.on = pool::cpu, .out = {n, 0}},
                                                 std::move(setup), std::move(body));
 }
 

@@ -125,7 +125,7 @@ TEST_CASE("figures and the bottleneck name the slow stage", "[pipeline][stats]")
 
 TEST_CASE("a slow consumer is named as the bottleneck", "[pipeline][stats]") {
     std::vector<int> v(60, 1);
-    sluice::pipeline p(sluice::from(v, {2, 0}) | sluice::map([](int x) { return x; }, {.buffer = {2, 0}}));
+    sluice::pipeline p(sluice::from(v, {2, 0}) | sluice::map([](int x) { return x; }, {.out = {2, 0}}));
     for (int x : p) {
         (void)x;
         std::this_thread::sleep_for(std::chrono::milliseconds(3));

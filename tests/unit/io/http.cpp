@@ -462,3 +462,32 @@ TEST_CASE("fetch: ordered, 503s shrink the requests in flight, not only the limi
     INFO("most requests at the server at once after the limit fell: " << most);
     REQUIRE(most <= 16);
 }
+
+TEST_CASE("fetch: failures carry error codes a caller can branch on", "[http][errors]") {
+    sluice_test::temp_dir www;
+    www.write("ok.txt", "fine\n");
+    sluice_test::fault_server faults(www.path().string(), {"--p503", "1", "--seed", "1"});
+    sluice_test::fault_server plain(www.path().string(), {});
+    const std::string refused = "http://127.0.0.1:" + std::to_string(sluice_test::free_port()) + "/x.bin";
+    auto code_of = [](const std::string& url) {
+        sluice::pipeline p(sluice::list(url) | sluice::plan() |
+                           sluice::fetch({.retries = 1, .backoff_base = std::chrono::milliseconds(1),
+                                          .backoff_cap = std::chrono::milliseconds(2)}));
+        try {
+            while (p.next_blocking()) {
+            }
+        } catch (const sluice::error& e) {
+            return e.code();
+        }
+        return std::error_code{};
+    };
+    const auto missing = code_of(plain.url("missing.txt"));
+    REQUIRE(missing == std::error_code(404, sluice::http_category()));
+    REQUIRE(missing == std::errc::no_such_file_or_directory);  // the portable condition too
+    const auto forbidden = code_of(plain.url("forbidden.txt"));
+    REQUIRE(forbidden == std::error_code(403, sluice::http_category()));
+    REQUIRE(forbidden == std::errc::permission_denied);
+    REQUIRE(code_of(faults.url("ok.txt")) == std::error_code(503, sluice::http_category()));  // retries exhausted
+    REQUIRE(code_of(refused) == std::error_code(CURLE_COULDNT_CONNECT, sluice::curl_category()));
+    REQUIRE(std::string(sluice::curl_category().name()) == "curl");
+}

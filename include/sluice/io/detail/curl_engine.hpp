@@ -18,7 +18,7 @@
 
 #include <sluice/core/bytes.hpp>
 #include <sluice/core/task.hpp>
-#include <sluice/io/s3.hpp>
+#include <sluice/io/detail/s3_sign.hpp>
 
 #include <curl/curl.h>
 

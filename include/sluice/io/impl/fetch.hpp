@@ -1,0 +1,422 @@
+#pragma once
+// fetch()'s worker: the part scheduler, retries, resumption, permits and cache copies of
+// one object at a time. Included at the end of io/http.hpp (not on its own).
+
+#include <sluice/core/error.hpp>
+#include <sluice/core/record.hpp>
+#include <sluice/core/stage.hpp>
+#include <sluice/io/cache.hpp>
+#include <sluice/io/detail/aimd.hpp>
+#include <sluice/io/detail/curl_engine.hpp>
+#include <sluice/io/detail/curl_errors.hpp>
+#include <sluice/io/detail/retry.hpp>
+#include <sluice/io/detail/s3_config.hpp>
+#include <sluice/io/detail/s3_list.hpp>  // request_failure: S3's XML error replies
+#include <sluice/io/detail/s3_sign.hpp>
+#include <sluice/io/http.hpp>
+#include <sluice/io/local.hpp>
+
+#include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <random>
+#include <stop_token>
+#include <string>
+#include <vector>
+
+namespace sluice::detail {
+
+
+/// What a stop must reach in one fetch worker besides its channels: its transfers, its
+/// backoff timer and its wait for a permit. The stop callback posts `fire` to the I/O
+/// loop, where the worker runs, so the worker and `fire` never run at once; the worker
+/// sets and clears what `fire` reaches as it goes.
+struct fetch_stop_hooks {
+    std::function<void()> transfers;     // cancels the transfers in flight
+    asio::steady_timer* sleeping = nullptr;
+    std::function<void()> permit_wait;   // ends a wait for a permit
+    void fire() {
+        if (transfers) transfers();
+        if (sleeping) sleeping->cancel();
+        if (permit_wait) permit_wait();
+    }
+};
+
+/// Waits on the coroutine's executor; a stop (through `hooks`) cuts it short.
+struct sleep_for {
+    std::chrono::steady_clock::duration d;
+    fetch_stop_hooks* hooks = nullptr;
+    std::optional<asio::steady_timer> timer;
+    bool await_ready() const noexcept { return d <= std::chrono::steady_clock::duration::zero(); }
+    template <class P>
+    void await_suspend(std::coroutine_handle<P> h) {
+        timer.emplace(h.promise().ex, d);
+        if (hooks) hooks->sleeping = &*timer;
+        timer->async_wait([h](const std::error_code&) { h.resume(); });
+    }
+    void await_resume() noexcept {
+        if (hooks) hooks->sleeping = nullptr;
+    }
+};
+
+inline std::string http_failure(const http_transfer& t) {
+    return request_failure(t.result, t.errbuf, t.status, t.error_body);
+}
+
+// One byte range of an object in flight: [from, to] (to inclusive; npos: to the end).
+struct http_part {
+    std::uint64_t from = 0, to = http_request::npos;
+    std::shared_ptr<http_transfer> t;
+    bool permit = false;  // holds one of the limiter's permits
+    std::uint64_t seq = 0;  // the permit's sequence number
+};
+
+struct fetch_state {
+    curl_engine& eng;
+    const fetch_options& o;
+    stage_context<shard, chunk>& ctx;
+    std::atomic<std::uint64_t>& requests;
+    std::optional<s3_config> s3;  // resolved at the first s3:// URL
+
+    /// The HTTP URL and signature of a shard's URL: itself, or S3's for s3://.
+    std::pair<std::string, s3_auth> locate(const std::string& url) {
+        auto loc = parse_s3_url(url);
+        if (!loc) {
+            if (url.starts_with("s3://")) throw source_error(url, "not an s3://bucket/key URL:");
+            return {url, {}};
+        }
+        if (loc->key.empty() || loc->key.ends_with('/'))
+            throw source_error(url, "cannot fetch a prefix (list it: sluice::list gives its objects):");
+        if (!s3) s3 = resolve_s3(o.s3, url);
+        return {s3_http_url(*s3, *loc), auth_of(*s3)};
+    }
+
+    void start(http_part& p, const std::pair<std::string, s3_auth>& where, const std::string& etag) {
+        http_request req;
+        req.url = where.first;
+        req.auth = where.second;
+        req.from = p.from;
+        req.to = p.to;
+        req.if_match = etag;
+        req.chunk_size = o.chunk_size ? o.chunk_size : (1u << 20);
+        req.connect_timeout_ms = static_cast<long>(o.connect_timeout.count());
+        req.stall_seconds = static_cast<long>(o.stall.count());
+        req.max_redirects = o.max_redirects;
+        req.verify_tls = !o.insecure;
+        req.ca_file = !o.ca_file.empty() ? o.ca_file : where.second.ca_bundle;
+        req.mem = ctx.rt.buffers();  // shared: the engine's thread may outlive this pipeline's runtime
+        p.t = std::make_shared<http_transfer>(std::move(req));
+        requests.fetch_add(1, std::memory_order_relaxed);
+        eng.add(p.t);
+    }
+};
+
+struct fetch_run {
+    std::shared_ptr<aimd_limit> limit;
+    std::shared_ptr<local_cache> cache;  // null without fetch_options::cache
+};
+
+inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o) {
+    auto run = std::make_shared<fetch_run>();
+    run->limit = std::make_shared<aimd_limit>(o.in_flight, o.min_in_flight);
+    if (!o.cache.dir.empty()) run->cache = std::make_shared<local_cache>(o.cache);
+    return run;
+}
+
+inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o) {
+    auto eng = curl_engine::shared();
+    std::minstd_rand jitter(std::random_device{}());
+    const backoff_policy retry{o.retries, o.backoff_base, o.backoff_cap};
+    fetch_state fs{*eng, o, ctx, ctx.stats.counter("requests"), std::nullopt};
+    auto& retries = ctx.stats.counter("retries");
+    auto& resumes = ctx.stats.counter("resumes");
+    auto& throttled = ctx.stats.counter("throttled");
+    auto& parts_counter = ctx.stats.counter("parts");
+    auto& limit_gauge = ctx.stats.counter("in_flight_limit");
+    auto& run = *static_cast<fetch_run*>(ctx.state.get());
+    local_cache* cache = run.cache.get();
+    std::atomic<std::uint64_t> unused{0};  // without a cache, no cache counters in the stats
+    auto cache_counter = [&](const char* name) -> std::atomic<std::uint64_t>& {
+        return cache ? ctx.stats.counter(name) : unused;
+    };
+    auto& cache_hits = cache_counter("cache_hits");
+    auto& cache_misses = cache_counter("cache_misses");
+    auto& cache_failures = cache_counter("cache_write_failures");
+    auto& cache_evictions = cache_counter("cache_evictions");
+    auto& cache_skipped = cache_counter("cache_too_large");
+    auto lim = run.limit;
+    lim->watch(&limit_gauge, &ctx.stats.counter("in_flight"));
+    // A stop reaches this worker's transfers, backoff and permit wait on the I/O loop.
+    auto hooks = std::make_shared<fetch_stop_hooks>();
+    std::stop_callback on_stop(ctx.stop, [hooks, ex = ctx.rt.executor_for(pool::io)] {
+        asio::post(ex, [hooks] { hooks->fire(); });
+    });
+    struct clear_hooks {
+        fetch_stop_hooks& h;
+        ~clear_hooks() { h = {}; }
+    } clear{*hooks};
+    auto stop_point = [&] {  // no new request, and no new wait, once stopping
+        if (ctx.stopping()) throw stopped{};
+    };
+    auto release = [&](http_part& p, bool ok, bool throttled) {
+        if (!p.permit) return;
+        p.permit = false;
+        lim->release(p.seq, ok, throttled);
+    };
+    const std::uint64_t part_size = std::max<std::uint64_t>(o.part_size, 1);
+    for (;;) {
+        std::uint64_t ticket = 0;
+        auto s = co_await ctx.in.next(ctx.turn ? &ticket : nullptr);
+        if (!s) break;
+        auto src = std::make_shared<const shard>(std::move(*s));
+        bool my_turn = !ctx.turn;  // ordered: hand on nothing before the objects before
+        std::exception_ptr failed;
+        std::unique_ptr<local_cache::writer> copy;
+        try {
+            if (cache) {
+                // Disk work (the lookup, mapping or reading a hit, creating a copy) runs on
+                // the CPU pool: the I/O loop drives every transfer of the process and only
+                // waits for readiness. sluice::switch_to moves the coroutine's wake-ups too.
+                co_await sluice::switch_to{ctx.rt.executor_for(pool::cpu)};
+                if (auto hit = cache->find(src->url)) {
+                    {
+                        fd_guard fd(hit->fd);
+                        cache_hits.fetch_add(1, std::memory_order_relaxed);
+                        turn_gate gate(ctx.turn, ticket);
+                        co_await read_file(ctx, src, hit->path, fd, cache->options().chunk_size, cache->options().map,
+                                           gate, hit->size);
+                        my_turn = true;
+                        gate.done();
+                    }
+                    co_await sluice::switch_to{ctx.rt.executor_for(pool::io)};
+                    continue;
+                }
+                cache_misses.fetch_add(1, std::memory_order_relaxed);
+                copy = std::make_unique<local_cache::writer>(*cache, src->url);
+                co_await sluice::switch_to{ctx.rt.executor_for(pool::io)};
+            }
+            std::uint64_t offset = 0;  // of the next byte to deliver
+            std::uint64_t total = http_request::npos;
+            std::uint64_t next_from = part_size;  // of the next part to start
+            std::string etag;                     // strong ETags only: If-Match compares strongly
+            std::deque<http_part> parts;
+            // Abandons the transfers still open if the worker unwinds (the pipeline stopped).
+            struct abandon {
+                curl_engine& eng;
+                std::deque<http_part>& parts;
+                aimd_limit& lim;
+                fetch_stop_hooks& hooks;
+                ~abandon() {
+                    hooks.transfers = nullptr;
+                    for (auto& p : parts) {
+                        if (p.t) eng.cancel(p.t);
+                        if (p.permit) lim.release(p.seq, false, false);
+                    }
+                }
+            } guard{*eng, parts, *lim, *hooks};
+            hooks->transfers = [&parts, e = eng.get()] {
+                for (auto& p : parts)
+                    if (p.t) e->cancel(p.t);  // each ends at once, with CURLE_ABORTED_BY_CALLBACK
+            };
+            // A permit for a request of this worker when it holds no other (see aimd_limit):
+            // ordered, it goes ahead when its turn comes rather than wait on later objects.
+            auto my_turn_now = [t = ctx.turn, ticket] { return t->current() >= ticket; };
+            auto wait_permit = [&](std::uint64_t* seq) {
+                return ctx.turn ? lim->acquire(seq, my_turn_now, &hooks->permit_wait, ticket)
+                                : lim->acquire(seq, nullptr, &hooks->permit_wait);
+            };
+            std::uint64_t first_seq = 0;
+            stop_point();
+            const bool first_permit = co_await wait_permit(&first_seq);
+            hooks->permit_wait = nullptr;
+            stop_point();
+            // The first request asks for one part: its answer gives the object's size, and
+            // the other parts then download in parallel, `parts_in_flight` at a time.
+            parts.push_back(http_part{0, o.parallel_parts ? part_size - 1 : http_request::npos, {}, first_permit, first_seq});
+            const auto where = fs.locate(src->url);
+            fs.start(parts.front(), where, "");
+            std::uint64_t seq = 0;
+            auto more_parts = [&] { return total != http_request::npos && next_from < total; };
+            auto add_part = [&](bool permit) {
+                http_part p{next_from, std::min(total, next_from + part_size) - 1, {}, permit, permit ? seq : 0};
+                next_from = p.to + 1;
+                fs.start(p, where, etag);
+                parts_counter.fetch_add(1, std::memory_order_relaxed);
+                parts.push_back(std::move(p));
+            };
+            auto refill = [&] {
+                while (more_parts() && parts.size() < std::max(1u, o.parts_in_flight) && lim->try_acquire(&seq))
+                    add_part(true);
+            };
+            // The server stopped honouring ranges: what this part gives runs to the end of
+            // the object, so the parts after it must not also deliver it.
+            auto whole_from_here = [&](http_part& p) {
+                while (parts.size() > 1) {
+                    auto& q = parts.back();
+                    eng->cancel(q.t);
+                    release(q, false, false);
+                    parts.pop_back();
+                }
+                next_from = total;
+                p.to = http_request::npos;
+            };
+            unsigned attempt = 0;
+            bool first_response = true;
+            while (!parts.empty() || more_parts()) {
+                if (parts.empty()) {  // no permit was free for the next part: wait for one
+                    stop_point();
+                    const bool got = co_await wait_permit(&seq);
+                    hooks->permit_wait = nullptr;
+                    stop_point();
+                    add_part(got);
+                }
+                http_part& p = parts.front();
+                for (;;) {
+                    next_http_event ev{*p.t, {}};  // named: see io/local.hpp on g++ 12 and braced temporaries
+                    auto data = co_await ev;
+                    if (!data) break;
+                    stop_point();
+                    http_transfer& t = *p.t;
+                    if (first_response) {
+                        first_response = false;
+                        if (!t.etag.starts_with("W/")) etag = t.etag;
+                        if (t.ranged_ignored) {  // no range support: the whole object in one
+                            p.to = http_request::npos;
+                        } else if (p.to != http_request::npos) {
+                            total = t.total;  // npos when the server did not say
+                            refill();
+                        }
+                    } else if (!etag.empty() && !t.etag.empty() && t.etag != etag) {
+                        throw source_error(src->url, "object changed while downloading (ETag " + etag + " became " +
+                                                         t.etag + ") from", {}, offset);
+                    } else if (t.ranged_ignored && p.to != http_request::npos) {
+                        whole_from_here(p);
+                    }
+                    if (t.status == 206 && t.range_start != p.from && t.range_start != http_request::npos)
+                        throw source_error(src->url, "the server answered bytes from " + std::to_string(t.range_start) +
+                                                         " to a request for bytes from " + std::to_string(p.from) + " of", {},
+                                           offset);
+                    chunk c{src, offset, std::move(*data), false, false};
+                    if (copy && !copy->failed()) {  // pwrite on the CPU pool, not the I/O loop
+                        co_await sluice::switch_to{ctx.rt.executor_for(pool::cpu)};
+                        copy->write(c.data.span(), offset);
+                        co_await sluice::switch_to{ctx.rt.executor_for(pool::io)};
+                        stop_point();
+                    }
+                    offset += c.data.size();
+                    if (!my_turn) {
+                        co_await ctx.turn->wait(ticket);
+                        my_turn = true;
+                    }
+                    co_await ctx.out.send(std::move(c));
+                    eng->resume(p.t);
+                    refill();  // permits freed since: start more parts
+                }
+                stop_point();  // a stop cancels transfers: their ending is not a failure to retry
+                http_transfer& t = *p.t;
+                const bool ok = t.result == CURLE_OK && t.status >= 200 && t.status < 300;
+                release(p, ok, t.result == CURLE_OK && (t.status == 503 || t.status == 429));
+                const bool empty_object = t.result == CURLE_OK && t.status == 416 && offset == 0 && t.total == 0;
+                // All of the part (or of the object) has arrived, whatever the ending says.
+                const bool have_all = (p.to != http_request::npos && offset > p.to) ||
+                                      (total != http_request::npos && offset >= total);
+                if (ok || empty_object || have_all) {
+                    if (first_response) {  // an empty body: nothing above gave the size
+                        first_response = false;
+                        if (!t.etag.starts_with("W/")) etag = t.etag;
+                        total = empty_object ? 0 : t.total;
+                        if (!t.ranged_ignored && p.to != http_request::npos) refill();
+                    }
+                    // 200 (not 206): the server sent the object to its end, whatever was asked.
+                    const bool part_done = p.to == http_request::npos || t.status == 200 || have_all || empty_object;
+                    if (part_done) {
+                        parts.pop_front();
+                        attempt = 0;
+                        refill();
+                        continue;
+                    }
+                    if (ok && t.status == 206 && total == http_request::npos && offset == p.to + 1) {
+                        // A range answered with an unknown total: go on with the rest in one.
+                        p.from = offset;
+                        p.to = http_request::npos;
+                        fs.start(p, where, etag);
+                        continue;
+                    }
+                    // A 2xx that ended early (a server that closes cleanly mid-part): resume.
+                    if (attempt >= retry.retries)
+                        throw source_error(src->url, "cannot fetch (the body ended early, " + std::to_string(attempt + 1) +
+                                                         " attempts)", {}, offset);
+                } else if (t.result == CURLE_OK && t.status == 412 && !etag.empty()) {
+                    throw source_error(src->url, "object changed while downloading (If-Match " + etag + " failed) from",
+                                       {}, offset);
+                } else {
+                    const bool transient = t.result != CURLE_OK ? retryable_curl(t.result) : retryable_status(t.status);
+                    if (!transient || attempt >= retry.retries) {
+                        std::string what = http_failure(t);
+                        if (transient) what += " after " + std::to_string(attempt + 1) + " attempts";
+                        // code(): the curl or HTTP category, for callers that branch on the kind
+                        // of failure. Not in the message, which says it already.
+                        source_error e(src->url, "cannot fetch (" + what + ")", {}, offset ? offset : source_error::npos);
+                        throw e.with_code(request_code(t.result, t.status));
+                    }
+                    if (t.status == 503 || t.status == 429) throttled.fetch_add(1, std::memory_order_relaxed);
+                }
+                if (offset > p.from) resumes.fetch_add(1, std::memory_order_relaxed);
+                retries.fetch_add(1, std::memory_order_relaxed);
+                const auto wait = retry.delay(attempt++, jitter);
+                stop_point();
+                sleep_for pause{wait, hooks.get(), {}};
+                co_await pause;
+                stop_point();
+                // The retry takes a permit too: under 503s the requests in flight shrink. A
+                // worker whose other parts hold permits goes ahead (see aimd_limit).
+                if (parts.size() > 1) {
+                    lim->take_over(&p.seq);
+                    p.permit = true;
+                } else {
+                    p.permit = co_await wait_permit(&p.seq);
+                    hooks->permit_wait = nullptr;
+                    stop_point();
+                }
+                p.from = offset;  // resume this part where it stopped, the same version only
+                fs.start(p, where, offset || !first_response ? etag : "");
+            }
+            if (total != http_request::npos && offset != total)
+                throw source_error(src->url, "cannot fetch (" + std::to_string(offset) + " of " + std::to_string(total) +
+                                                 " bytes arrived)", {}, offset);
+            if (copy) {
+                // Flushing to disk and evicting block: on the CPU pool, not the I/O loop
+                // every transfer of the process shares.
+                co_await sluice::switch_to{ctx.rt.executor_for(pool::cpu)};
+                const bool placed = copy->commit(offset);
+                co_await sluice::switch_to{ctx.rt.executor_for(pool::io)};
+                if (!placed && !copy->failed()) cache_skipped.fetch_add(1, std::memory_order_relaxed);
+                cache_failures.store(cache->failures.load(std::memory_order_relaxed), std::memory_order_relaxed);
+                cache_evictions.store(cache->evictions.load(std::memory_order_relaxed), std::memory_order_relaxed);
+                copy.reset();
+            }
+            chunk last{src, offset, {}, true, false};
+            if (!my_turn) {
+                co_await ctx.turn->wait(ticket);
+                my_turn = true;
+            }
+            co_await ctx.out.send(std::move(last));
+            if (ctx.turn) ctx.turn->done(ticket);
+        } catch (...) {
+            failed = std::current_exception();
+        }
+        if (failed) {
+            // Ordered: the error follows every object before this one.
+            if (ctx.turn && !my_turn && !is_stop(failed)) co_await ctx.turn->wait(ticket);
+            std::rethrow_exception(failed);
+        }
+    }
+}
+
+}  // namespace sluice::detail
