@@ -70,11 +70,13 @@ public:
         auto ch = channel_();  // shared: a stop() on another thread cannot free it under us
         if (last_return_ns_) detail::bump(consumer().wait_out_ns, detail::now_ns() - last_return_ns_);
         std::optional<T> got;
-        if (ch->size() == 0 && !would_never_arrive(*ch).empty()) {
+        // The stage's state first, then the channel: its send happens before it says it
+        // waits, so an item sent meanwhile is seen (no false alarm).
+        if (!would_never_arrive(*ch).empty() && ch->size() == 0) {
             // Perhaps another thread is about to give something back: look again shortly.
             got = ch->receive_blocking_for(std::chrono::milliseconds(500), &consumer().wait_in_ns);
             if (!got && !ch->closed() && !ch->cancelled())
-                if (auto why = would_never_arrive(*ch); !why.empty()) throw error(why);
+                if (auto why = would_never_arrive(*ch); !why.empty() && ch->size() == 0) throw error(why);
         }
         if (!got) got = ch->receive_blocking(&consumer().wait_in_ns);
         if (got) {
@@ -188,21 +190,28 @@ public:
 public:
     class next_op {
     public:
-        explicit next_op(pipeline& p)
-            : p_(p), anchor_(p.anchor_), ch_(p.channel_()), aw_(ch_->receive(&p.consumer().wait_in_ns)) {}
+        // The wait is timed here, not by the channel: the pipeline (and its counters)
+        // may be gone when a suspended next() resumes.
+        explicit next_op(pipeline& p) : p_(p), anchor_(p.anchor_), ch_(p.channel_()), aw_(ch_->receive()) {}
         bool await_ready() {
-            if (ch_->size() == 0) why_ = p_.would_never_arrive(*ch_);
+            // No grace here (a coroutine cannot block): a consumer that gives batches back
+            // from another thread waits with next_blocking() instead.
+            why_ = p_.would_never_arrive(*ch_);
+            if (!why_.empty() && ch_->size() != 0) why_.clear();
             return !why_.empty() || aw_.await_ready();
         }
         template <class P>
         void await_suspend(std::coroutine_handle<P> h) {
+            t0_ = detail::now_ns();
             aw_.await_suspend(h);
         }
         std::optional<T> await_resume() {
             if (!why_.empty()) throw error(why_);
             auto got = aw_.await_resume();
             std::lock_guard lock(anchor_->m);
-            if (got && anchor_->p) p_.note_position(*got);
+            if (!anchor_->p) return got;
+            if (t0_) detail::bump(p_.consumer().wait_in_ns, detail::now_ns() - t0_);
+            if (got) p_.note_position(*got);
             return got;
         }
 
@@ -213,6 +222,7 @@ public:
         // it never resumes) cannot free the channel under it.
         std::shared_ptr<channel<T>> ch_;
         std::string why_;
+        std::uint64_t t0_ = 0;
         typename channel<T>::receive_awaiter aw_;
     };
 

@@ -343,6 +343,11 @@ struct link_impl final : link {
         if (n > 1 && opts.order == ordering::ordered) {
             s->turn = std::make_unique<turnstile>();
             env.cancellers.push_back([t = s->turn.get()] { t->cancel(); });
+            // The consumer gone: no worker may wait for a turn that will never come.
+            outch->on_cancel([ss = s->stop, t = s->turn.get()]() mutable {
+                ss.request_stop();
+                t->cancel();
+            });
         }
         auto ex = env.rt.executor_for(opts.on);
         std::vector<task<void>> bodies;
@@ -377,7 +382,11 @@ struct link_impl final : link {
                 outch->producer_done(stop ? nullptr : e);
                 envp->finished();
             };
-            auto d = run_detached(std::move(bodies[i]), [life](std::exception_ptr e) { life->done(e); });
+            // A body that swallowed the stop and returned is stopped all the same.
+            auto d = run_detached(std::move(bodies[i]), [life](std::exception_ptr e) {
+                if (!e && life->told) e = std::make_exception_ptr(stopped{});
+                life->done(e);
+            });
             d.h.promise().ex = ex;
             life->root = d.h;
             resume_on(ex, d.h);
@@ -529,8 +538,8 @@ task<void> item_worker(stage_context<In, Out>& ctx, F fn) {  // fn copied per wo
         }
         if (upstream) {
             // Ordered: the upstream error follows every item; let the workers still
-            // holding earlier items emit them first.
-            if (ctx.turn) co_await ctx.turn->wait(ticket);
+            // holding earlier items emit them first. A stop has no ticket: it ends now.
+            if (ctx.turn && !is_stop(upstream)) co_await ctx.turn->wait(ticket);
             std::rethrow_exception(upstream);
         }
         if (!item) co_return;

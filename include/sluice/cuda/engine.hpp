@@ -267,7 +267,11 @@ public:
     void stream_wait(stream_ref s, copy_event& e) override {
         auto st = host(e);
         const auto t = st->newest();
-        consumer(s).enqueue([st, t] { st->wait_for(t); });
+        consumer(s).enqueue([st, t] {
+            st->wait_for(t);
+            std::lock_guard lock(st->m);
+            st->check();  // a failed copy fails the consumer's stream too (its synchronize throws)
+        });
     }
     void record(stream_ref s, copy_event& e) override {
         auto st = host(e);

@@ -222,8 +222,12 @@ inline stage<host_batch, device_batch> to_device(to_device_options o, std::share
         ring->memory = engine->destination();
         s.on_stop.push_back([r = ring.get()] { r->free.cancel(); });
         // The consumer holds every slot and asks for another: nothing can ever come.
-        s.consumer_wait_check = [r = ring.get(), n, what = engine->describe()]() -> std::string {
-            if (!r->waiting.load(std::memory_order_acquire) || r->leased.load(std::memory_order_acquire) < n) return {};
+        s.consumer_wait_check = [r = std::weak_ptr<detail::device_ring>(ring), n,
+                                 what = engine->describe()]() -> std::string {
+            auto ring = r.lock();  // a stop on another thread may be freeing it
+            if (!ring) return {};
+            if (!ring->waiting.load(std::memory_order_acquire) || ring->leased.load(std::memory_order_acquire) < n)
+                return {};
             return "sluice: to_device on " + what + ": the consumer holds all " + std::to_string(n) +
                    " ring batches and asks for another, which cannot come until one is released: release a "
                    "batch (destroy it, or release()) before taking the next, or build the stage with "

@@ -11,6 +11,7 @@
 // plan) go with the run's state.
 
 #include <sluice/core/error.hpp>
+#include <sluice/core/record.hpp>
 #include <sluice/core/stage.hpp>
 #include <sluice/core/state.hpp>
 

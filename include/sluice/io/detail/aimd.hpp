@@ -29,6 +29,9 @@ namespace sluice::detail {
 /// ordered stage, the object whose turn it is (later objects may hold every permit while
 /// they wait for their turn). So the requests in flight exceed the limit by at most one
 /// per worker, and only while those cases last.
+/// A waiter's timer is touched by its handler, by release() (through a post) and by a
+/// stop (through a post): every waiter must run on one single-threaded executor (fetch's
+/// workers all await permits on the I/O loop).
 class aimd_limit : public std::enable_shared_from_this<aimd_limit> {
     struct wait_state {
         std::coroutine_handle<> h;

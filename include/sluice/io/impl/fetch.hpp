@@ -23,6 +23,7 @@
 #include <chrono>
 #include <deque>
 #include <functional>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <random>
@@ -35,16 +36,37 @@ namespace sluice::detail {
 
 /// What a stop must reach in one fetch worker besides its channels: its transfers, its
 /// backoff timer and its wait for a permit. The stop callback posts `fire` to the I/O
-/// loop, where the worker runs, so the worker and `fire` never run at once; the worker
-/// sets and clears what `fire` reaches as it goes.
+/// loop. The worker sets and clears what `fire` reaches as it goes, under `m`: it runs on
+/// the I/O loop too, except for its cache disk work on the CPU pool, where it may also
+/// unwind (and destroy what `transfers` reaches) while `fire` runs.
 struct fetch_stop_hooks {
+    std::mutex m;
     std::function<void()> transfers;     // cancels the transfers in flight
     asio::steady_timer* sleeping = nullptr;
     std::function<void()> permit_wait;   // ends a wait for a permit
     void fire() {
+        std::lock_guard lock(m);
         if (transfers) transfers();
-        if (sleeping) sleeping->cancel();
+        if (sleeping) sleeping->cancel();  // timers live on the I/O loop, as fire does
         if (permit_wait) permit_wait();
+    }
+    void set_transfers(std::function<void()> f) {
+        std::lock_guard lock(m);
+        transfers = std::move(f);
+    }
+    void set_sleeping(asio::steady_timer* t) {
+        std::lock_guard lock(m);
+        sleeping = t;
+    }
+    void set_permit_wait(std::function<void()> f) {
+        std::lock_guard lock(m);
+        permit_wait = std::move(f);
+    }
+    void clear() {
+        std::lock_guard lock(m);
+        transfers = nullptr;
+        sleeping = nullptr;
+        permit_wait = nullptr;
     }
 };
 
@@ -57,11 +79,11 @@ struct sleep_for {
     template <class P>
     void await_suspend(std::coroutine_handle<P> h) {
         timer.emplace(h.promise().ex, d);
-        if (hooks) hooks->sleeping = &*timer;
+        if (hooks) hooks->set_sleeping(&*timer);
         timer->async_wait([h](const std::error_code&) { h.resume(); });
     }
     void await_resume() noexcept {
-        if (hooks) hooks->sleeping = nullptr;
+        if (hooks) hooks->set_sleeping(nullptr);
     }
 };
 
@@ -159,7 +181,7 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
     });
     struct clear_hooks {
         fetch_stop_hooks& h;
-        ~clear_hooks() { h = {}; }
+        ~clear_hooks() { h.clear(); }
     } clear{*hooks};
     auto stop_point = [&] {  // no new request, and no new wait, once stopping
         if (ctx.stopping()) throw stopped{};
@@ -213,29 +235,38 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
                 aimd_limit& lim;
                 fetch_stop_hooks& hooks;
                 ~abandon() {
-                    hooks.transfers = nullptr;
+                    hooks.set_transfers(nullptr);  // before `parts` goes: fire may run on the I/O loop
                     for (auto& p : parts) {
                         if (p.t) eng.cancel(p.t);
                         if (p.permit) lim.release(p.seq, false, false);
                     }
                 }
             } guard{*eng, parts, *lim, *hooks};
-            hooks->transfers = [&parts, e = eng.get()] {
+            hooks->set_transfers([&parts, e = eng.get()] {
                 for (auto& p : parts)
                     if (p.t) e->cancel(p.t);  // each ends at once, with CURLE_ABORTED_BY_CALLBACK
-            };
+            });
             // A permit for a request of this worker when it holds no other (see aimd_limit):
             // ordered, it goes ahead when its turn comes rather than wait on later objects.
             auto my_turn_now = [t = ctx.turn, ticket] { return t->current() >= ticket; };
             auto wait_permit = [&](std::uint64_t* seq) {
-                return ctx.turn ? lim->acquire(seq, my_turn_now, &hooks->permit_wait, ticket)
-                                : lim->acquire(seq, nullptr, &hooks->permit_wait);
+                std::function<void()> cancel;
+                auto op = ctx.turn ? lim->acquire(seq, my_turn_now, &cancel, ticket)
+                                   : lim->acquire(seq, nullptr, &cancel);
+                hooks->set_permit_wait(std::move(cancel));
+                return op;
+            };
+            // After a wait: a permit granted just as the stop came goes back, not astray.
+            auto after_wait = [&](bool got, std::uint64_t seq) {
+                hooks->set_permit_wait(nullptr);
+                if (!ctx.stopping()) return;
+                if (got) lim->release(seq, false, false);
+                throw stopped{};
             };
             std::uint64_t first_seq = 0;
             stop_point();
             const bool first_permit = co_await wait_permit(&first_seq);
-            hooks->permit_wait = nullptr;
-            stop_point();
+            after_wait(first_permit, first_seq);
             // The first request asks for one part: its answer gives the object's size, and
             // the other parts then download in parallel, `parts_in_flight` at a time.
             parts.push_back(http_part{0, o.parallel_parts ? part_size - 1 : http_request::npos, {}, first_permit, first_seq});
@@ -272,8 +303,7 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
                 if (parts.empty()) {  // no permit was free for the next part: wait for one
                     stop_point();
                     const bool got = co_await wait_permit(&seq);
-                    hooks->permit_wait = nullptr;
-                    stop_point();
+                    after_wait(got, seq);
                     add_part(got);
                 }
                 http_part& p = parts.front();
@@ -381,8 +411,8 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
                     p.permit = true;
                 } else {
                     p.permit = co_await wait_permit(&p.seq);
-                    hooks->permit_wait = nullptr;
-                    stop_point();
+                    hooks->set_permit_wait(nullptr);
+                    stop_point();  // p is in parts: its permit is released as it unwinds
                 }
                 p.from = offset;  // resume this part where it stopped, the same version only
                 fs.start(p, where, offset || !first_response ? etag : "");
