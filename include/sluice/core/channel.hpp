@@ -185,45 +185,13 @@ public:
 
     /// Blocking receive for an ordinary thread (the trainer's).
     std::optional<T> receive_blocking(std::atomic<std::uint64_t>* wait_ns = nullptr) {
-        std::optional<T> out;
-        std::unique_lock lock(m_);
-        std::exception_ptr err;
-        if (try_receive_locked(out, nullptr, err)) {
-            if (err) std::rethrow_exception(err);
-            return out;
-        }
-        std::condition_variable cv;
-        recv_waiter w;
-        w.cv = &cv;
-        w.slot = &out;
-        receivers_.push(&w);
-        const auto t0 = wait_ns ? detail::now_ns() : 0;
-        cv.wait(lock, [&] { return w.woken; });
-        if (wait_ns) wait_ns->fetch_add(detail::now_ns() - t0, std::memory_order_relaxed);
-        if (!out && w.error) std::rethrow_exception(w.error);
-        return out;
+        return receive_blocking_until(std::nullopt, wait_ns);
     }
 
     /// receive_blocking that gives up after `timeout`: empty then (and at the end).
     std::optional<T> receive_blocking_for(std::chrono::milliseconds timeout,
                                           std::atomic<std::uint64_t>* wait_ns = nullptr) {
-        std::optional<T> out;
-        std::unique_lock lock(m_);
-        std::exception_ptr err;
-        if (try_receive_locked(out, nullptr, err)) {
-            if (err) std::rethrow_exception(err);
-            return out;
-        }
-        std::condition_variable cv;
-        recv_waiter w;
-        w.cv = &cv;
-        w.slot = &out;
-        receivers_.push(&w);
-        const auto t0 = wait_ns ? detail::now_ns() : 0;
-        if (!cv.wait_for(lock, timeout, [&] { return w.woken; })) receivers_.remove(&w);
-        if (wait_ns) wait_ns->fetch_add(detail::now_ns() - t0, std::memory_order_relaxed);
-        if (!out && w.error) std::rethrow_exception(w.error);
-        return out;
+        return receive_blocking_until(std::chrono::steady_clock::now() + timeout, wait_ns);
     }
 
     /// The consumer stops: drop what is buffered and wake everyone; later sends fail.
@@ -268,6 +236,28 @@ public:
     channel_limits limits() const noexcept { return limits_; }
 
 private:
+    std::optional<T> receive_blocking_until(std::optional<std::chrono::steady_clock::time_point> deadline,
+                                            std::atomic<std::uint64_t>* wait_ns) {
+        std::optional<T> out;
+        std::unique_lock lock(m_);
+        std::exception_ptr err;
+        if (try_receive_locked(out, nullptr, err)) {
+            if (err) std::rethrow_exception(err);
+            return out;
+        }
+        std::condition_variable cv;
+        recv_waiter w;
+        w.cv = &cv;
+        w.slot = &out;
+        receivers_.push(&w);
+        const auto t0 = wait_ns ? detail::now_ns() : 0;
+        if (!deadline) cv.wait(lock, [&] { return w.woken; });
+        else if (!cv.wait_until(lock, *deadline, [&] { return w.woken; })) receivers_.remove(&w);  // gave up
+        if (wait_ns) wait_ns->fetch_add(detail::now_ns() - t0, std::memory_order_relaxed);
+        if (!out && w.error) std::rethrow_exception(w.error);
+        return out;
+    }
+
     struct send_waiter : detail::waiter {
         T* item = nullptr;
         std::size_t weight = 0;

@@ -16,6 +16,7 @@ struct inflated {
     std::vector<sluice::chunk> chunks;
     std::uint64_t skipped = 0;
     std::string error;
+    std::error_code code;
 };
 inflated gunzip(std::vector<sluice::chunk> in, sluice::on_corrupt oc = sluice::on_corrupt::error,
                 sluice::compression mode = sluice::compression::detect, std::size_t out_chunk = 1000) {
@@ -29,6 +30,7 @@ inflated gunzip(std::vector<sluice::chunk> in, sluice::on_corrupt oc = sluice::o
         for (auto& c : in) z(std::move(c), r.chunks);
     } catch (const sluice::source_error& e) {
         r.error = e.what();
+        r.code = e.code();
     }
     for (auto& c : r.chunks) r.data += sluice_test::bytes_str(c.data);
     r.skipped = skipped.load();
@@ -97,6 +99,8 @@ TEST_CASE("gunzip: broken and truncated streams name the shard and offset, skip 
     REQUIRE(e.error.starts_with("sluice: broken gzip stream ("));
     REQUIRE(e.error.find("in the member starting at byte " + std::to_string(ga.size()) + " of 'broken.gz' at byte ") != std::string::npos);
     REQUIRE(e.data.starts_with(a));  // the first member came through, before the error
+    REQUIRE(e.code == std::error_code(Z_DATA_ERROR, sluice::zlib_category()));  // a caller can branch on it
+    REQUIRE(std::string(e.code.category().name()) == "zlib");
     auto s = gunzip(cut(gz, {4096}, "broken.gz"), sluice::on_corrupt::skip);
     REQUIRE(s.error.empty());
     REQUIRE(s.skipped == 1);
@@ -107,6 +111,7 @@ TEST_CASE("gunzip: broken and truncated streams name the shard and offset, skip 
     auto t = gunzip(cut(whole.substr(0, whole.size() - 10), {1000}, "cut.gz"));
     REQUIRE(t.error == "sluice: truncated gzip stream (the shard ends inside the member starting at byte " +
                            std::to_string(ga.size()) + ") in 'cut.gz' at byte " + std::to_string(whole.size() - 10));
+    REQUIRE(t.code == std::error_code(Z_BUF_ERROR, sluice::zlib_category()));
     auto ts = gunzip(cut(whole.substr(0, whole.size() - 10), {1000}, "cut.gz"), sluice::on_corrupt::skip);
     REQUIRE(ts.skipped == 1);
     REQUIRE(ts.data.starts_with(a));
@@ -152,7 +157,7 @@ TEST_CASE("gunzip: a chunk that inflates a thousandfold is given out one output 
     REQUIRE(steps >= 64);
 }
 
-TEST_CASE("gunzip: a member inflating past max_record_bytes is an error naming shard and member; skip reads on", "[gzip][corrupt][limit]") {
+TEST_CASE("gunzip: a member inflating past max_record_bytes is an error naming shard and member, and skip reads on", "[gzip][corrupt][limit]") {
     const std::string a(1000, 'a'), bomb(1u << 20, '\0'), c = "after";
     const auto ga = sluice_test::gzip(a), gb = sluice_test::gzip(bomb, 9), gc = sluice_test::gzip(c);
     const std::string gz = ga + gb + gc;
@@ -194,7 +199,7 @@ TEST_CASE("gunzip: a member inflating past max_record_bytes is an error naming s
     REQUIRE(got.back() == "three");
 }
 
-TEST_CASE("every format takes decode_options; unset gzip and out are the format's defaults", "[gzip][lines][raw]") {
+TEST_CASE("every format takes decode_options, and unset gzip and out are the format's defaults", "[gzip][lines][raw]") {
     // The same call form for every format.
     [[maybe_unused]] auto l = sluice::lines({.on_corrupt = sluice::on_corrupt::skip, .max_record_bytes = 1 << 20,
                                              .out = sluice::channel_limits{16, 1 << 20}});

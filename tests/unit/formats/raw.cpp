@@ -84,7 +84,7 @@ TEST_CASE("raw: under skip an object over max_record_bytes is counted and the ne
     }
 }
 
-TEST_CASE("raw: options as the other formats take them; gzip only when asked", "[raw][gzip]") {
+TEST_CASE("raw: options as the other formats take them, and gzip only when asked", "[raw][gzip]") {
     sluice_test::temp_dir d;
     const std::string body = "hello, raw\n";
     const auto gz = d.write("h.gz", sluice_test::gzip(body));

@@ -141,7 +141,7 @@ TEST_CASE("recordio stage: from chunks to records in a pipeline", "[recordio]") 
     REQUIRE(got == want);
 }
 
-TEST_CASE("recordio: a record over max_record_bytes is an error naming shard, offset and limit; skip reads on", "[recordio][corrupt][limit]") {
+TEST_CASE("recordio: a record over max_record_bytes is an error naming shard, offset and limit, and skip reads on", "[recordio][corrupt][limit]") {
     // One whole part over the limit, and a split record whose joined size is over it.
     const std::string big(5000, 'x');
     std::string split_rec(600, 'y');

@@ -350,7 +350,7 @@ using W = sluice::detail::webdataset_parser;
 using K = std::vector<std::string>;
 }  // namespace
 
-TEST_CASE("tar: a member over max_record_bytes is an error naming shard, offset and limit; skip reads on", "[tar][corrupt][limit]") {
+TEST_CASE("tar: a member over max_record_bytes is an error naming shard, offset and limit, and skip reads on", "[tar][corrupt][limit]") {
     std::string t;
     sluice::append_tar_file(t, "a.txt", "small");
     const std::size_t big_at = t.size();

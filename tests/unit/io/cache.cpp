@@ -159,7 +159,7 @@ TEST_CASE("processes sharing a cache directory keep it under its limit and every
     REQUIRE(bytes <= 5 * each);
 }
 
-TEST_CASE("placing objects does not scan the directory per object; with no limit it never scans", "[cache]") {
+TEST_CASE("placing objects does not scan the directory per object, and with no limit it never scans", "[cache]") {
     sluice_test::temp_dir d;
     sluice::detail::local_cache c({.dir = d / "c", .max_bytes = 1 << 20});
     for (int i = 0; i < 20; ++i) REQUIRE(put(c, "http://h/o" + std::to_string(i), std::string(100, 'x')));

@@ -7,7 +7,21 @@
 
 #include <zlib.h>
 
+#include <string>
+#include <system_error>
+
 namespace sluice {
+
+/// zlib's return codes (Z_DATA_ERROR for a broken stream, Z_BUF_ERROR for one cut short):
+/// the code of a gzip failure's `error::code()`.
+inline const std::error_category& zlib_category() noexcept {
+    struct category final : std::error_category {
+        const char* name() const noexcept override { return "zlib"; }
+        std::string message(int c) const override { return zError(c); }
+    };
+    static const category c;
+    return c;
+}
 
 /// Whether a format stage inflates its input.
 enum class compression {
@@ -201,7 +215,7 @@ private:
             broken(out,
                    "broken gzip stream (" + why + ") in the member starting at byte " + std::to_string(member_start_) +
                        " of",
-                   in_offset_);
+                   in_offset_, {r == Z_NEED_DICT ? Z_DATA_ERROR : r, zlib_category()});
             state_ = state::scan;  // skip policy: look for the next member
             match_ = 0;
         }
@@ -214,15 +228,15 @@ private:
             broken(out,
                    "truncated gzip stream (the shard ends inside the member starting at byte " +
                        std::to_string(member_start_) + ") in",
-                   in_offset_);
+                   in_offset_, {Z_BUF_ERROR, zlib_category()});
         emit(out, true);
     }
 
     // A break: what was inflated before it goes out first; then the error, or under the
     // skip policy the count, and the next output chunk is flagged as following a gap.
-    void broken(std::vector<chunk>& out, const std::string& what, std::uint64_t at) {
+    void broken(std::vector<chunk>& out, const std::string& what, std::uint64_t at, std::error_code code = {}) {
         emit(out, false);
-        source_error e(src->url, what, {}, at);
+        const source_error e = source_error(src->url, what, {}, at).with_code(code);  // the message stays as it is
         if (pol->corrupt == on_corrupt::error) throw e;
         if (pol->skipped) pol->skipped->fetch_add(1, std::memory_order_relaxed);
         if (pol->on_skip) pol->on_skip(e);
