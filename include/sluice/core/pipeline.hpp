@@ -70,15 +70,28 @@ public:
         auto ch = channel_();  // shared: a stop() on another thread cannot free it under us
         if (last_return_ns_) detail::bump(consumer().wait_out_ns, detail::now_ns() - last_return_ns_);
         std::optional<T> got;
-        // The stage's state first, then the channel: its send happens before it says it
-        // waits, so an item sent meanwhile is seen (no false alarm).
-        if (!would_never_arrive(*ch).empty() && ch->size() == 0) {
-            // Perhaps another thread is about to give something back: look again shortly.
-            got = ch->receive_blocking_for(std::chrono::milliseconds(500), &consumer().wait_in_ns);
-            if (!got && !ch->closed() && !ch->cancelled())
-                if (auto why = would_never_arrive(*ch); !why.empty() && ch->size() == 0) throw error(why);
+        if (has_wait_check()) {
+            // Wait in slices, asking the last stage after each whether what we wait for
+            // can still come: a consumer holding every ring batch gets an error, not a
+            // hang, whenever the stage gets there. The same answer twice in a row: a
+            // release from another thread had half a second. The stage's state is read
+            // before the channel: its send happens before it says it waits.
+            bool suspect = false;
+            for (;;) {
+                got = ch->receive_blocking_for(std::chrono::milliseconds(500), &consumer().wait_in_ns);
+                if (got || ((ch->closed() || ch->cancelled()) && ch->size() == 0)) break;
+                const auto why = would_never_arrive(*ch);
+                if (why.empty() || ch->size() != 0) {
+                    suspect = false;
+                } else if (suspect) {
+                    throw error(why);
+                } else {
+                    suspect = true;
+                }
+            }
+        } else {
+            got = ch->receive_blocking(&consumer().wait_in_ns);
         }
-        if (!got) got = ch->receive_blocking(&consumer().wait_in_ns);
         if (got) {
             detail::bump(consumer().items_in);
             detail::bump(consumer().bytes_in, byte_size_of(*got));
@@ -269,6 +282,11 @@ private:
             start_locked();
         }
         return run_->last;
+    }
+
+    bool has_wait_check() {
+        std::lock_guard lock(m_);
+        return run_ && run_->last_wait_check;
     }
 
     /// Non-empty when the consumer waits for an item that cannot come: the last stage
