@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
     }
     const auto records = make_records(o);
     const std::size_t batch_bytes = o.record * o.batch;
-    const sluice::batch_options bo{.size = o.batch, .threads = o.collate_threads};
+    const sluice::batch_options bo{.size = o.batch, .concurrency = o.collate_threads};
 
     run_pipeline("host_sink", sluice::from(records) | sluice::batch(bo),
                  [](sluice::host_batch& b) { return b.byte_size(); });

@@ -27,7 +27,7 @@ sample featurize(const sluice::record& r) {
 int main(int argc, char** argv) try {
     if (argc < 2) return std::cerr << "usage: custom-stage FILE...\n", 2;
     // A reusable partial pipeline: decode, then the user's stage, then batches of 32.
-    auto decode_and_batch = sluice::lines() | sluice::map(featurize, {.threads = 4}) |
+    auto decode_and_batch = sluice::lines() | sluice::map(featurize, {.concurrency = 4}) |
                             sluice::batch({.size = 32}, [](std::vector<sample>& group) {
                                 return std::accumulate(group.begin(), group.end(), std::size_t{0},
                                                        [](std::size_t n, const sample& s) { return n + s.letters; });

@@ -521,8 +521,8 @@ int main(int argc, char** argv) {
     if (!o.write_counts.empty()) plan = {.rank = 0, .world = 1};  // every shard, once
     const auto order = o.ordered || o.deterministic ? sluice::ordering::ordered : sluice::ordering::unordered;
     auto shards = sluice::list(o.sources, o.s3) | sluice::plan(plan);
-    auto src = http ? shards | sluice::fetch({.in_flight = o.in_flight,
-                                              .min_in_flight = o.min_in_flight,
+    auto src = http ? shards | sluice::fetch({.concurrency = o.in_flight,
+                                              .min_concurrency = o.min_in_flight,
                                               .order = order,
                                               .chunk_size = std::min<std::size_t>(o.chunk_size, 1u << 20),
                                               .part_size = o.part_size,
@@ -535,7 +535,7 @@ int main(int argc, char** argv) {
                                               .cache = {.dir = o.cache, .max_bytes = o.cache_bytes},
                                               .out = {16, o.channel_bytes}})
                     : shards | sluice::read({.chunk_size = o.chunk_size,
-                                             .files_in_flight = o.files_in_flight,
+                                             .concurrency = o.files_in_flight,
                                              .order = order,
                                              .map = o.map,
                                              .out = {16, o.channel_bytes}});
@@ -569,7 +569,7 @@ int main(int argc, char** argv) {
         }
     }
     if (o.shuffle > 0) records = records | sluice::shuffle({.buffer = o.shuffle, .seed = o.seed.value_or(0)});
-    auto batches = records | sluice::batch({.size = o.batch, .drop_last = o.drop_last, .threads = o.collate_threads, .out = {4, o.channel_bytes}});
+    auto batches = records | sluice::batch({.size = o.batch, .drop_last = o.drop_last, .concurrency = o.collate_threads, .out = {4, o.channel_bytes}});
     // What the configuration bounds: the three channels' bytes. On top: the shuffle buffer
     // (records), one chunk per reader, the batch being built and the batch the consumer
     // holds; freed buffers wait in the runtime's pool for reuse (not counted: they are
@@ -593,7 +593,7 @@ int main(int argc, char** argv) {
         if (o.pinned) {
 #if defined(SLUICE_HAVE_CUDA)
             batches = records | sluice::batch({.size = o.batch, .drop_last = o.drop_last, .memory = sluice::pinned_memory(),
-                                               .threads = o.collate_threads, .out = {4, o.channel_bytes}});
+                                               .concurrency = o.collate_threads, .out = {4, o.channel_bytes}});
 #else
             throw sluice::error("sluice: --pinned needs the CUDA engine; this sluice-probe was built without the CUDA toolkit");
 #endif

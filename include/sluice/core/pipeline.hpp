@@ -329,7 +329,7 @@ private:
 
     void start_locked() {
         auto r = std::make_unique<running>(opts_.runtime);
-        if (!opts_.resume.empty()) r->env.run = std::make_shared<run_state>(opts_.resume);
+        if (!opts_.resume.empty()) r->env.run = std::make_shared<detail::run_state>(opts_.resume);
         r->start_ns = detail::now_ns();
         consumer_.start_ns.store(r->start_ns, std::memory_order_relaxed);
         // Setups first, last stage first, so a stage can choose the memory of the one
@@ -339,11 +339,13 @@ private:
         std::vector<std::shared_ptr<void>> states(links.size());
         for (std::size_t i = links.size(); i-- > 0;) {
             if (!links[i]->setup) continue;
-            stage_setup s{*r->rt, i ? &memory[i - 1] : nullptr, nullptr, {}, *r->env.run};
+            stage_setup s{*r->rt};
+            s.internal.upstream_memory = i ? &memory[i - 1] : nullptr;
+            s.internal.run = r->env.run.get();
             links[i]->setup(s);
-            if (i + 1 == links.size()) r->last_wait_check = std::move(s.consumer_wait_check);
-            r->env.keep.push_back(s.state);  // before its on_stop can run: ~running cancels
-            states[i] = std::move(s.state);
+            if (i + 1 == links.size()) r->last_wait_check = std::move(s.internal.consumer_wait_check);
+            r->env.keep.push_back(s.internal.state);  // before its on_stop can run: ~running cancels
+            states[i] = std::move(s.internal.state);
             for (auto& f : s.on_stop) r->env.cancellers.push_back(std::move(f));
         }
         r->env.run->check_noted();
@@ -418,7 +420,7 @@ private:
     worker_counters consumer_;
     std::uint64_t last_return_ns_ = 0;
     pipeline_figures final_;
-    std::shared_ptr<run_state> last_run_;
+    std::shared_ptr<detail::run_state> last_run_;
     stream_point position_;  // of the last item taken (the trainer's thread)
     bool took_position_ = false;
     bool took_other_ = false;

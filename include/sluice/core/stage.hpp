@@ -184,9 +184,35 @@ private:
     detail::worker_life* life_;
 };
 
+namespace detail {
+/// The library's plumbing in a worker's context: the run's shared state (resume, what
+/// the stages tell each other about the sequence; see core/state.hpp) and the state the
+/// stage's setup made, type-erased here and handed to the body typed (see make_stage).
+struct context_internal {
+    std::shared_ptr<void> state;
+    run_state* run = nullptr;
+};
+/// The library's plumbing in a stage's setup.
+struct setup_internal {
+    /// The memory the previous stage should allocate its outputs from (null for the
+    /// first stage); a setup may set it (to_device asks for its engine's staging memory).
+    std::shared_ptr<buffer_source>* upstream_memory = nullptr;
+    /// Shared by every stage of this run (see core/state.hpp).
+    run_state* run = nullptr;
+    /// For the pipeline's last stage: asked when the consumer is about to wait for an
+    /// item that has not arrived; a non-empty answer is a wait the pipeline can never
+    /// satisfy by itself (every ring slot held by the consumer), thrown as an error
+    /// instead of blocking forever.
+    std::function<std::string()> consumer_wait_check = nullptr;
+    /// What the setup returned (see make_stage).
+    std::shared_ptr<void> state;
+};
+}  // namespace detail
+
 /// What one worker of a stage gets: its ports, the runtime, its stats, for ordered
 /// stages with several workers the turnstile that restores input order, the memory its
-/// outputs should be allocated from, and the state its setup made (see stage_setup).
+/// outputs should be allocated from, and its stop token. The state a stage's setup made
+/// reaches its body as a typed second argument (see make_stage).
 template <class In, class Out>
 struct stage_context {
     sluice::input<In> in;
@@ -194,43 +220,34 @@ struct stage_context {
     sluice::runtime& rt;
     stage_stats& stats;
     unsigned worker;
+    /// Ordered stages with several workers: `ctx.in.next(&ticket)`, then
+    /// `co_await turn->wait(ticket)` before sending and `turn->done(ticket)` after (see
+    /// detail::item_worker). Null otherwise.
     detail::turnstile* turn;
     /// Where to allocate output buffers: the runtime's pool, unless the next stage asked
     /// for other memory in its setup (to_device asks for pinned memory, so the batch
     /// stage collates straight into it).
     std::shared_ptr<buffer_source> memory;
-    /// The state this stage's setup made for this run (null without setup).
-    std::shared_ptr<void> state;
-    /// Shared by every stage of this run: where it resumes from, and what the stages tell
-    /// each other about the sequence (see core/state.hpp).
-    run_state* run = nullptr;
     /// Requested when the pipeline stops or this stage's consumer is gone. Every wait of
     /// the library observes it; a user's coroutine that waits on something of its own
     /// registers a std::stop_callback on it, or polls stopping() between steps.
     std::stop_token stop = {};
     bool stopping() const noexcept { return stop.stop_requested(); }
+    /// Library plumbing (resume bookkeeping); a user's stage does not need it.
+    detail::context_internal internal = {};
 };
 
 /// What a stage's setup gets. Setup runs on the thread that starts the pipeline, for
 /// every stage, before any stage starts; an exception from it fails the start, so a stage
-/// that cannot work (no GPU) says so at once rather than at its first item.
+/// that cannot work (no GPU) says so at once rather than at its first item. What it
+/// returns (a std::shared_ptr<S>, or nothing) reaches every worker's body as `S&`.
 struct stage_setup {
     sluice::runtime& rt;
-    /// The memory the previous stage should allocate its outputs from (null for the
-    /// first stage); a setup may set it.
-    std::shared_ptr<buffer_source>* upstream_memory;
-    /// State for this run, handed to every worker as ctx.state.
-    std::shared_ptr<void> state;
     /// Functions to run when the pipeline stops, with the channels' cancellation: wake
-    /// whatever the stage's workers may wait on besides channels.
-    std::vector<std::function<void()>> on_stop;
-    /// Shared by every stage of this run (see core/state.hpp).
-    run_state& run;
-    /// For the pipeline's last stage: asked when the consumer is about to wait for an
-    /// item that has not arrived; a non-empty answer is a wait the pipeline can never
-    /// satisfy by itself (every ring slot held by the consumer), thrown as an error
-    /// instead of blocking forever.
-    std::function<std::string()> consumer_wait_check = nullptr;
+    /// whatever the stage's workers may wait on besides channels and ctx.stop.
+    std::vector<std::function<void()>> on_stop = {};
+    /// Library plumbing (resume bookkeeping, the memory handshake with the stage before).
+    detail::setup_internal internal = {};
 };
 
 namespace detail {
@@ -358,7 +375,7 @@ struct link_impl final : link {
             life->env = &env;
             s->contexts.push_back(std::make_unique<stage_context<In, Out>>(stage_context<In, Out>{
                 sluice::input<In>(inch, &c, life.get()), sluice::output<Out>(outch, &c, life.get()), env.rt, st, i,
-                s->turn.get(), memory, setup_state, env.run.get(), s->stop.get_token()}));
+                s->turn.get(), memory, s->stop.get_token(), {setup_state, env.run.get()}}));
             s->lives.push_back(std::move(life));
             bodies.push_back(body(*s->contexts.back()));  // may throw: nothing counted yet
         }
@@ -495,6 +512,14 @@ auto operator|(C c, X x) {
     return detail::chained<C, X>{std::move(c), std::move(x)};
 }
 
+// The library's stage factories (lines(), tar(), fetch(), ...) are templates with one
+// defaulted parameter, `template <class = void>`, though nothing depends on it: a plain
+// inline function is compiled in every translation unit that includes its header, with
+// the whole stage behind it (link_impl, its channel, the worker coroutine, which g++
+// emits at -O0 even when nothing calls it); a template only where it is called. That cut
+// a user TU including <sluice/sluice.hpp> by about a quarter (bench/RESULTS.md, "Compile
+// time").
+
 /// A stage from a coroutine body run by each worker:
 /// `task<void> body(stage_context<In, Out>& ctx)`. The body loops over
 /// `co_await ctx.in.next()` and `co_await ctx.out.send(...)` itself, so it can keep state
@@ -511,15 +536,40 @@ stage<In, Out> make_stage(std::string name, stage_options opts, Body body,
     return stage<In, Out>({std::move(l)});
 }
 
-/// make_stage with a setup, `void setup(stage_setup&)`, run before the pipeline starts
-/// (see stage_setup); what it leaves in `state` reaches every worker as ctx.state.
+namespace detail {
+template <class T>
+inline constexpr bool is_shared_ptr = false;
+template <class T>
+inline constexpr bool is_shared_ptr<std::shared_ptr<T>> = true;
+}  // namespace detail
+
+/// make_stage with a setup run before the pipeline starts (see stage_setup). A setup that
+/// returns nothing, `void setup(stage_setup&)`, goes with `task<void> body(ctx)`; one
+/// that returns this run's state, `std::shared_ptr<S> setup(stage_setup&)`, goes with
+/// `task<void> body(ctx, S& state)`: every worker of the run gets the same S, which lives
+/// until the pipeline is gone.
 template <class In, class Out, class Setup, class Body>
 stage<In, Out> make_stage(std::string name, stage_options opts, Setup setup, Body body) {
+    using made = std::invoke_result_t<Setup&, stage_setup&>;
     auto l = std::make_shared<detail::link_impl<In, Out>>();
     l->name = std::move(name);
     l->opts = opts;
-    l->setup = std::move(setup);
-    l->body = std::move(body);
+    if constexpr (std::is_void_v<made>) {
+        l->setup = std::move(setup);
+        l->body = std::move(body);
+    } else {
+        static_assert(detail::is_shared_ptr<made>,
+                      "sluice::make_stage: a setup returns void or std::shared_ptr<S> (the run's state)");
+        using S = typename made::element_type;
+        static_assert(std::is_invocable_v<Body&, stage_context<In, Out>&, S&>,
+                      "sluice::make_stage: a setup returning std::shared_ptr<S> needs a body taking "
+                      "(stage_context<In, Out>&, S&)");
+        l->setup = [setup = std::move(setup)](stage_setup& s) mutable { s.internal.state = setup(s); };
+        // The one place the erased state is cast back: the setup above made it an S.
+        l->body = [body = std::move(body)](stage_context<In, Out>& ctx) {
+            return body(ctx, *static_cast<S*>(ctx.internal.state.get()));
+        };
+    }
     return stage<In, Out>({std::move(l)});
 }
 

@@ -36,7 +36,10 @@ struct stream_point {
     std::uint64_t position = 0;
 };
 
-/// Shared by the stages of one pipeline run (stage_setup::run, stage_context::run).
+namespace detail {
+
+/// Shared by the stages of one pipeline run (stage_setup::internal.run,
+/// stage_context::run): library plumbing, which a user's stage never needs.
 class run_state {
 public:
     /// What the shuffle (or, without one, the batch stage) asks of the stages above it on
@@ -234,4 +237,5 @@ private:
     bool served_ = false;
 };
 
+}  // namespace detail
 }  // namespace sluice

@@ -248,7 +248,8 @@ private:
 
 /// The device stage on a CUDA device (see sluice/cuda/to_device.hpp).
 /// Example: `| sluice::to_device({.device = 0})`
-inline stage<host_batch, device_batch> to_device(to_device_options o = {}) {
+template <class = void>  // compiled only where used (see make_stage)
+stage<host_batch, device_batch> to_device(to_device_options o = {}) {
     return to_device(o, std::make_shared<cuda_engine>(o.device));
 }
 

@@ -56,7 +56,7 @@ struct device_slot {
 };
 
 /// The slots of one running to_device stage.
-struct device_ring {
+struct device_ring : std::enable_shared_from_this<device_ring> {
     device_ring(std::shared_ptr<copy_engine> e, unsigned n) : engine(std::move(e)), free(channel_limits{n, 0}) {
         free.add_producer();
         for (unsigned i = 0; i < n; ++i) {
@@ -213,16 +213,17 @@ private:
 /// batch and to_device made new ones): copied from pageable memory, more slowly.
 /// Cancellation: a stop wakes the wait for a free slot.
 /// Example: `| sluice::to_device({.ring = 4}, std::make_shared<sluice::host_engine>())`
-inline stage<host_batch, device_batch> to_device(to_device_options o, std::shared_ptr<copy_engine> engine) {
+template <class = void>  // compiled only where used (see make_stage)
+stage<host_batch, device_batch> to_device(to_device_options o, std::shared_ptr<copy_engine> engine) {
     const unsigned n = o.ring ? o.ring : 1;
     auto setup = [engine, n](stage_setup& s) {
         engine->open();
-        if (s.upstream_memory) *s.upstream_memory = engine->staging();
+        if (s.internal.upstream_memory) *s.internal.upstream_memory = engine->staging();
         auto ring = std::make_shared<detail::device_ring>(engine, n);
         ring->memory = engine->destination();
         s.on_stop.push_back([r = ring.get()] { r->free.cancel(); });
         // The consumer holds every slot and asks for another: nothing can ever come.
-        s.consumer_wait_check = [r = std::weak_ptr<detail::device_ring>(ring), n,
+        s.internal.consumer_wait_check = [r = std::weak_ptr<detail::device_ring>(ring), n,
                                  what = engine->describe()]() -> std::string {
             auto ring = r.lock();  // a stop on another thread may be freeing it
             if (!ring) return {};
@@ -233,11 +234,11 @@ inline stage<host_batch, device_batch> to_device(to_device_options o, std::share
                    "batch (destroy it, or release()) before taking the next, or build the stage with "
                    "to_device({.ring = N}) for N above the batches you keep (keeping k batches: ring >= k + 1)";
         };
-        s.state = std::move(ring);
+        return ring;
     };
-    auto body = [](stage_context<host_batch, device_batch>& ctx) -> task<void> {
+    auto body = [](stage_context<host_batch, device_batch>& ctx, detail::device_ring& r) -> task<void> {
         // The ring is this run's state; leases keep it alive after the pipeline is gone.
-        auto ring = std::static_pointer_cast<detail::device_ring>(ctx.state);
+        auto ring = r.shared_from_this();
         auto& w = ctx.stats.worker(ctx.worker);
         // Batches not in the engine's staging memory (a stage between batch and
         // to_device made new ones): copied all the same, from pageable memory (slower).

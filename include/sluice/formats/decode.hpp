@@ -127,7 +127,8 @@ task<void> decode_worker(stage_context<chunk, Out>& ctx, D d) {
 
 // Inflating: one output chunk at a time is sent before the next is made, so a chunk that
 // inflates a thousandfold never sits in memory whole.
-inline task<void> gunzip_worker(stage_context<chunk, chunk>& ctx, gunzip_decoder d) {
+template <class = void>  // a coroutine: compiled only where used (see make_stage)
+task<void> gunzip_worker(stage_context<chunk, chunk>& ctx, gunzip_decoder d) {
     std::vector<chunk> outs;
     while (auto c = co_await ctx.in.next()) {
         std::exception_ptr failed;
@@ -202,7 +203,8 @@ stage<chunk, Out> decoder(std::string name, decode_options o, format_defaults d 
 /// only what the broken member held).
 /// Cancellation: stops at the next send.
 /// Example: `sluice::read() | sluice::gunzip() | sluice::lines()`
-inline stage<chunk, chunk> gunzip(gzip_options o = {}) {
+template <class = void>  // compiled only where used (see make_stage)
+stage<chunk, chunk> gunzip(gzip_options o = {}) {
     return make_stage<chunk, chunk>(
         "gunzip", {.on = pool::cpu, .out = o.out}, [o](stage_context<chunk, chunk>& ctx) {
             auto pol = detail::policy_for(o, ctx.stats, ctx.rt);

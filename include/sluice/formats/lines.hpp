@@ -138,7 +138,8 @@ private:
 /// `.out`: {1024, 64 MiB} by default). gzip'd shards (".jsonl.gz") are inflated first
 /// unless `.gzip = compression::none`; offsets then count uncompressed bytes.
 /// Example: `| sluice::read() | sluice::lines({.max_record_bytes = 1 << 20}) | sluice::batch({.size = 1024})`
-inline stage<chunk, record> lines(decode_options o = {}) {
+template <class = void>  // compiled only where used (see make_stage)
+stage<chunk, record> lines(decode_options o = {}) {
     return detail::format_stage<record>("lines", std::move(o), {.out = {1024, 64u << 20}},
                                         [](std::shared_ptr<const detail::parse_policy> pol) {
                                             return detail::lines_decoder(std::move(pol));

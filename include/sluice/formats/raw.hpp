@@ -92,7 +92,8 @@ private:
 /// Cancellation: stops at the next send.
 /// Example: `sluice::list("images/*.jpg") | sluice::plan() | sluice::read() | sluice::raw()`
 ///          `... | sluice::raw({.max_record_bytes = std::size_t{3} << 30})` for objects up to 3 GiB.
-inline stage<chunk, record> raw(decode_options o = {}) {
+template <class = void>  // compiled only where used (see make_stage)
+stage<chunk, record> raw(decode_options o = {}) {
     return detail::format_stage<record>("raw", std::move(o), {.gzip = compression::none, .out = {64, 256u << 20}},
                                         [](std::shared_ptr<const detail::parse_policy> pol) {
                                             return detail::raw_decoder(std::move(pol));

@@ -17,7 +17,8 @@ namespace sluice {
 /// the next magic word at a 4-byte boundary.
 /// Cancellation: stops at the next send.
 /// Example: `sluice::list("train.rec") | sluice::plan() | sluice::read() | sluice::recordio()`
-inline stage<chunk, record> recordio(decode_options o = {}) {
+template <class = void>  // compiled only where used (see make_stage)
+stage<chunk, record> recordio(decode_options o = {}) {
     return detail::decoder<detail::recordio_parser, record>("recordio", std::move(o));
 }
 

@@ -20,7 +20,8 @@ namespace sluice {
 /// valid header at a 512-byte boundary.
 /// Cancellation: stops at the next send.
 /// Example: `sluice::list("shards/*.tar") | sluice::plan() | sluice::read() | sluice::tar()`
-inline stage<chunk, record> tar(decode_options o = {}) {
+template <class = void>  // compiled only where used (see make_stage)
+stage<chunk, record> tar(decode_options o = {}) {
     return detail::decoder<detail::tar_parser, record>("tar", std::move(o));
 }
 
@@ -44,7 +45,8 @@ inline stage<chunk, record> tar(decode_options o = {}) {
 ///   for (auto& s : sluice::pipeline(sluice::list("shards/{000..099}.tar") | sluice::plan() |
 ///                                   sluice::read() | sluice::webdataset()))
 ///       decode_jpeg(s.at("jpg")), label(s.at("cls"));
-inline stage<chunk, sample> webdataset(decode_options o = {}) {
+template <class = void>  // compiled only where used (see make_stage)
+stage<chunk, sample> webdataset(decode_options o = {}) {
     return detail::decoder<detail::webdataset_parser, sample>("webdataset", std::move(o), {.webdataset = true});
 }
 

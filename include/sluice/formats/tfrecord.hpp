@@ -19,7 +19,8 @@ namespace sluice {
 /// stage's "corrupt" counter.
 /// Cancellation: stops at the next send.
 /// Example: `sluice::list("train-*.tfrecord.gz") | sluice::plan() | sluice::read() | sluice::tfrecord()`
-inline stage<chunk, record> tfrecord(decode_options o = {}) {
+template <class = void>  // compiled only where used (see make_stage)
+stage<chunk, record> tfrecord(decode_options o = {}) {
     return detail::decoder<detail::tfrecord_parser, record>("tfrecord", std::move(o));
 }
 

@@ -16,10 +16,10 @@ namespace sluice {
 struct fetch_options {
     /// Requests in flight at most (objects, and parts of large objects). On 503 or 429
     /// the limit halves, at most once per round of requests and not below
-    /// `min_in_flight`; each success adds 1/limit (about one per round), back up to this
+    /// `min_concurrency`; each success adds 1/limit (about one per round), back up to this
     /// (AIMD, as TCP does with losses).
-    unsigned in_flight = 64;
-    unsigned min_in_flight = 4;
+    unsigned concurrency = 64;
+    unsigned min_concurrency = 4;
     /// Objects in order of their shards (each waits for the one before it to be handed
     /// on; later ones download meanwhile, up to two chunks per request), or as completed.
     ordering order = ordering::unordered;
@@ -59,17 +59,18 @@ struct fetch_options {
 };
 
 namespace detail {
-/// One worker of a fetch stage: its objects' requests, retries, parts and cache copies
-/// (io/impl/fetch.hpp).
-inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o);
 /// What one run of a fetch stage shares among its workers (made by its setup).
 struct fetch_run;
 inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o);
+/// One worker of a fetch stage: its objects' requests, retries, parts and cache copies
+/// (io/impl/fetch.hpp).
+template <class = void>  // a coroutine: compiled only where used (see make_stage)
+task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_options o);
 }  // namespace detail
 
 
 /// Takes: shards whose url is http://, https:// or s3://bucket/key (see s3_options). Gives: each object's bytes as chunks
-/// (the last one flagged), in order per object; `in_flight` objects download at once and
+/// (the last one flagged), in order per object; `concurrency` objects download at once and
 /// their chunks interleave (decoders keep per-shard state).
 /// Backpressure: each download holds at most about two chunks; when downstream is full
 /// the transfer is paused, not buffered.
@@ -81,11 +82,12 @@ inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o);
 /// throttled (429/503).
 /// Cancellation: stops at the next chunk; transfers in flight are abandoned.
 /// Example: `sluice::list("https://host/shards/{0000..0099}.tar") | sluice::plan() | sluice::fetch() | sluice::webdataset()`
-inline stage<shard, chunk> fetch(fetch_options o = {}) {
+template <class = void>  // compiled only where used (see make_stage)
+stage<shard, chunk> fetch(fetch_options o = {}) {
     return make_stage<shard, chunk>(
-        "fetch", {.concurrency = std::max(1u, o.in_flight), .order = o.order, .on = pool::io, .out = o.out},
-        [o](stage_setup& s) { s.state = detail::make_fetch_run(o); },
-        [o](stage_context<shard, chunk>& ctx) { return detail::fetch_worker(ctx, o); });
+        "fetch", {.concurrency = std::max(1u, o.concurrency), .order = o.order, .on = pool::io, .out = o.out},
+        [o](stage_setup&) { return detail::make_fetch_run(o); },
+        [o](stage_context<shard, chunk>& ctx, detail::fetch_run& run) { return detail::fetch_worker(ctx, run, o); });
 }
 
 }  // namespace sluice

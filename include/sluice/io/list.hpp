@@ -165,7 +165,8 @@ inline std::vector<std::string> expand(const std::vector<std::string>& patterns,
 /// Cancellation: stops at the next send; a stop also ends an S3 listing page in flight
 /// and its backoff (within about a second).
 /// Example: `sluice::list({"data/shard-{000..063}.txt"}) | sluice::plan({.epochs = 2})`
-inline source<std::string> list(std::vector<std::string> patterns, s3_options s3 = {}) {
+template <class = void>  // compiled only where used (see make_stage)
+source<std::string> list(std::vector<std::string> patterns, s3_options s3 = {}) {
     auto pats = std::make_shared<const std::vector<std::string>>(std::move(patterns));
     return make_stage<void, std::string>(
         // On the CPU pool: listing blocks (globs, directories, S3 pages), and the I/O
@@ -175,7 +176,8 @@ inline source<std::string> list(std::vector<std::string> patterns, s3_options s3
             for (auto& path : expand(*pats, s3, 0, ctx.stop)) co_await ctx.out.send(std::move(path));
         });
 }
-inline source<std::string> list(std::string pattern, s3_options s3 = {}) {
+template <class = void>  // compiled only where used (see make_stage)
+source<std::string> list(std::string pattern, s3_options s3 = {}) {
     return list(std::vector<std::string>{std::move(pattern)}, std::move(s3));
 }
 

@@ -27,7 +27,7 @@ struct read_options {
     /// file's chunks stay in order), which decoders handle. Reads are blocking, so several
     /// files are read in parallel only on the CPU pool (`.on = pool::cpu`); on the I/O
     /// loop, its one thread takes turns.
-    unsigned files_in_flight = 1;
+    unsigned concurrency = 1;
     /// With several files in flight: ordered delivers each file whole, in plan order (each
     /// file reads ahead one chunk while it waits its turn), which a deterministic pipeline
     /// needs; unordered interleaves their chunks as they are read.
@@ -82,6 +82,7 @@ struct turn_gate {
     bool mine = true;
     turn_gate(turnstile* t, std::uint64_t k) : turn(t), ticket(k), mine(t == nullptr) {}
     /// Before each send.
+    template <class = void>  // a coroutine: compiled only where used
     task<void> wait() {
         if (!mine) {
             co_await turn->wait(ticket);
@@ -97,7 +98,8 @@ struct turn_gate {
 /// Sends the open file `fd` (named `path` in messages) as chunks of `chunk_size` bytes,
 /// named as `src` (the shard the bytes belong to: the file itself, or a cached copy of a
 /// remote object). `length`: bytes to send (a cached copy ends in a trailer), or all.
-inline task<void> read_file(stage_context<shard, chunk>& ctx, std::shared_ptr<const shard> src, const std::string& path,
+template <class = void>  // a coroutine: compiled only where used (see make_stage)
+task<void> read_file(stage_context<shard, chunk>& ctx, std::shared_ptr<const shard> src, const std::string& path,
                             const fd_guard& fd, std::size_t chunk_size, bool map, turn_gate& gate,
                             std::uint64_t length = ~0ull) {
     struct stat st {};
@@ -178,7 +180,8 @@ inline std::string local_path(const std::string& url) {
     return url.compare(0, 7, "file://") == 0 ? url.substr(7) : url;
 }
 
-inline task<void> read_worker(stage_context<shard, chunk>& ctx, read_options o) {
+template <class = void>  // a coroutine: compiled only where used (see make_stage)
+task<void> read_worker(stage_context<shard, chunk>& ctx, read_options o) {
     const std::size_t chunk_size = o.chunk_size ? o.chunk_size : (4u << 20);
     for (;;) {
         std::uint64_t ticket = 0;
@@ -214,7 +217,7 @@ inline task<void> read_worker(stage_context<shard, chunk>& ctx, read_options o) 
 
 /// Takes: shards whose url is a local path. Gives: each file's bytes as chunks of
 /// `chunk_size` bytes (the last one flagged), in order per file.
-/// Backpressure: at most `files_in_flight` chunks being filled plus the output channel
+/// Backpressure: at most `concurrency` chunks being filled plus the output channel
 /// (bounded in chunks and bytes); buffers are recycled through the runtime's pool.
 /// Errors: a file that cannot be opened or read is a sluice::source_error naming the path
 /// (and the byte offset of a failed read); chunks already sent are delivered first. A URL
@@ -223,10 +226,11 @@ inline task<void> read_worker(stage_context<shard, chunk>& ctx, read_options o) 
 /// Cancellation: stops at the next send; the file is closed.
 /// Reads are blocking preads, on the I/O loop unless `on` says otherwise.
 /// Example: `sluice::list("data/*.txt") | sluice::plan() | sluice::read({.chunk_size = 8 << 20})`
-inline stage<shard, chunk> read(read_options o = {}) {
+template <class = void>  // compiled only where used (see make_stage)
+stage<shard, chunk> read(read_options o = {}) {
     return make_stage<shard, chunk>(
         "read",
-        {.concurrency = o.files_in_flight, .order = o.order, .on = o.on, .out = o.out},
+        {.concurrency = o.concurrency, .order = o.order, .on = o.on, .out = o.out},
         [o](stage_context<shard, chunk>& ctx) { return detail::read_worker(ctx, o); });
 }
 template <class A>

@@ -61,7 +61,7 @@ struct batch_options {
     /// the batch buffer, the costly part, runs on several cores. A user's collate
     /// function (batch(opts, collate)) is then called on several threads at once, each
     /// worker calling its own copy of the function object.
-    unsigned threads = 1;
+    unsigned concurrency = 1;
     /// Items that do not say their epoch (a user's type without a `source` shard): refused
     /// at start when plan runs several epochs (epoch_policy::apart), or batched as one
     /// stream, epochs mixing (ignore). Records and samples always know their epoch.
@@ -71,8 +71,8 @@ struct batch_options {
 };
 
 namespace detail {
-/// A group of items on its way to a user's collate function, with where it ends in the
-/// sequence (batch(opts, collate) with threads > 1).
+/// A group of items on its way to collation, with where it ends in the sequence (batch
+/// with concurrency > 1: "group" makes them, "batch" collates them on several workers).
 template <class T>
 struct item_group {
     std::vector<T> items;
@@ -81,18 +81,6 @@ struct item_group {
     std::size_t byte_size() const noexcept {
         std::size_t n = 0;
         for (auto& v : items) n += byte_size_of(v);
-        return n;
-    }
-};
-
-/// A group of records on its way to collation, with where it ends in the sequence.
-struct record_group {
-    std::vector<record> records;
-    std::uint32_t epoch = 0;
-    std::uint64_t position = 0;
-    std::size_t byte_size() const noexcept {
-        std::size_t n = 0;
-        for (auto& r : records) n += r.data.size();
         return n;
     }
 };
@@ -126,9 +114,9 @@ inline host_batch collate_records(std::vector<record>& rs, buffer_source& mem) {
 template <class T>
 std::function<void(stage_setup&)> batch_setup(const batch_options& o) {
     return [o](stage_setup& s) {
-        s.run.note("batch", "size=" + std::to_string(o.size) + " drop_last=" + std::to_string(int(o.drop_last)));
+        s.internal.run->note("batch", "size=" + std::to_string(o.size) + " drop_last=" + std::to_string(int(o.drop_last)));
         check_epochs_at_start<T>(s, "batch", o.epochs);
-        if (auto at = s.run.resume()) s.run.request({at->epoch, {}, at->position});
+        if (auto at = s.internal.run->resume()) s.internal.run->request({at->epoch, {}, at->position});
     };
 }
 
@@ -174,23 +162,23 @@ task<void> batch_worker(stage_context<T, Out>& ctx, batch_options o, F collate) 
         std::uint64_t skip_below = 0;  // on resume without a replay plan: already delivered
     };
     std::map<std::uint32_t, open_epoch> open;
-    if (ctx.run && ctx.run->resume()) {
-        auto& r = open[ctx.run->resume()->epoch];
-        if (ctx.run->served()) r.seen = ctx.run->resume()->position;
-        else r.skip_below = ctx.run->resume()->position;
+    if (ctx.internal.run && ctx.internal.run->resume()) {
+        auto& r = open[ctx.internal.run->resume()->epoch];
+        if (ctx.internal.run->served()) r.seen = ctx.internal.run->resume()->position;
+        else r.skip_below = ctx.internal.run->resume()->position;
     }
     if constexpr (!has_epoch<T>)
-        if (ctx.run)
-            ctx.run->epochs_unknown("the items reaching batch do not say which epoch they belong to; give them a "
+        if (ctx.internal.run)
+            ctx.internal.run->epochs_unknown("the items reaching batch do not say which epoch they belong to; give them a "
                                     "`std::shared_ptr<const sluice::shard> source` member (copied from the record or "
                                     "sample they came from)");
     auto flush = [&](std::uint32_t e, open_epoch& g) -> Out {
         Out out = collate(g.group, e, g.seen);
         g.group.clear();
-        if (ctx.run) ctx.run->push_stamp({e, g.seen});  // see pipeline::state()
+        if (ctx.internal.run) ctx.internal.run->push_stamp({e, g.seen});  // see pipeline::state()
         return out;
     };
-    auto size_of = [&](std::uint32_t e) { return ctx.run ? ctx.run->epoch_records(e) : std::nullopt; };
+    auto size_of = [&](std::uint32_t e) { return ctx.internal.run ? ctx.internal.run->epoch_records(e) : std::nullopt; };
     while (auto item = co_await ctx.in.next()) {
         const std::uint32_t e = epoch_of(*item).value_or(0);
         // Size unknown: an epoch ends when a later one begins.
@@ -224,22 +212,23 @@ task<void> batch_worker(stage_context<T, Out>& ctx, batch_options o, F collate) 
 /// being filled is dropped with the error.
 /// Cancellation: stops at the next send; the partial batch is freed.
 /// Example: `| sluice::batch({.size = 256, .drop_last = true})`
-inline stage<record, host_batch> batch(batch_options o = {}) {
-    if (o.threads > 1) {
-        auto group = make_stage<record, detail::record_group>(
-            "group", {.on = pool::cpu, .out = {2 * o.threads, 0}}, detail::batch_setup<record>(o),
-            [o](stage_context<record, detail::record_group>& ctx) {
-                return detail::batch_worker<record, detail::record_group>(
+template <class = void>  // compiled only where used (see make_stage)
+stage<record, host_batch> batch(batch_options o = {}) {
+    if (o.concurrency > 1) {
+        auto group = make_stage<record, detail::item_group<record>>(
+            "group", {.on = pool::cpu, .out = {2 * o.concurrency, 0}}, detail::batch_setup<record>(o),
+            [o](stage_context<record, detail::item_group<record>>& ctx) {
+                return detail::batch_worker<record, detail::item_group<record>>(
                     ctx, o, [](std::vector<record>& g, std::uint32_t e, std::uint64_t pos) {
-                        return detail::record_group{std::move(g), e, pos};
+                        return detail::item_group<record>{std::move(g), e, pos};
                     });
             });
-        auto collate = make_stage<detail::record_group, host_batch>(
-            "batch", {.concurrency = o.threads, .order = ordering::ordered, .on = pool::cpu, .out = o.out},
-            [o](stage_context<detail::record_group, host_batch>& ctx) {
+        auto collate = make_stage<detail::item_group<record>, host_batch>(
+            "batch", {.concurrency = o.concurrency, .order = ordering::ordered, .on = pool::cpu, .out = o.out},
+            [o](stage_context<detail::item_group<record>, host_batch>& ctx) {
                 std::shared_ptr<buffer_source> mem = o.memory ? o.memory : ctx.memory;
-                return detail::item_worker(ctx, [mem](detail::record_group&& g, std::vector<host_batch>& out) {
-                    out.push_back(detail::collate_records(g.records, *mem));
+                return detail::item_worker(ctx, [mem](detail::item_group<record>&& g, std::vector<host_batch>& out) {
+                    out.push_back(detail::collate_records(g.items, *mem));
                     out.back().epoch = g.epoch;
                     out.back().position = g.position;
                 });
@@ -262,7 +251,7 @@ inline stage<record, host_batch> batch(batch_options o = {}) {
 
 /// Takes: items of any type T. Gives: collate(std::vector<T>&) for each group of `size`
 /// items (the vector is cleared afterwards; move out of it freely).
-/// `threads` above 1: groups are collated on that many workers of the CPU pool, batches
+/// `concurrency` above 1: groups are collated on that many workers of the CPU pool, batches
 /// still sent in order; each worker calls its own copy of `collate`, so copies must not
 /// share unsynchronised state.
 /// Epochs: as with records, a batch never mixes two epochs when T carries its `source`
@@ -281,17 +270,17 @@ auto batch(batch_options o, F collate) {
         } else {
             using Out = std::remove_cvref_t<std::invoke_result_t<F&, std::vector<T>&>>;
             static_assert(!std::is_void_v<Out>, "sluice::batch: the collate function must return the batch");
-            if (o.threads > 1) {
+            if (o.concurrency > 1) {
                 using G = detail::item_group<T>;
                 auto group = make_stage<T, G>(
-                    "group", {.on = pool::cpu, .out = {2 * o.threads, 0}}, detail::batch_setup<T>(o),
+                    "group", {.on = pool::cpu, .out = {2 * o.concurrency, 0}}, detail::batch_setup<T>(o),
                     [o](stage_context<T, G>& ctx) {
                         return detail::batch_worker<T, G>(ctx, o, [](std::vector<T>& g, std::uint32_t e, std::uint64_t pos) {
                             return G{std::move(g), e, pos};
                         });
                     });
                 auto collated = make_item_stage<G, Out>(
-                    "batch", {.concurrency = o.threads, .order = ordering::ordered, .on = pool::cpu, .out = o.out},
+                    "batch", {.concurrency = o.concurrency, .order = ordering::ordered, .on = pool::cpu, .out = o.out},
                     [collate](G&& g, std::vector<Out>& out) mutable { out.push_back(collate(g.items)); });
                 return group | collated;
             }

@@ -13,7 +13,7 @@ namespace sluice {
 struct map_options {
     /// Calls of the function running at once (workers on the CPU pool; the pool's size is
     /// pipeline_options.runtime.cpu_threads).
-    unsigned threads = 1;
+    unsigned concurrency = 1;
     /// ordered: results in input order (deterministic); unordered: as they complete,
     /// which keeps all threads busy when the cost per item varies.
     ordering order = ordering::ordered;
@@ -73,7 +73,7 @@ auto map_stage(F fn, const map_options& o) {
         using Out = std::remove_cvref_t<std::invoke_result_t<F&, I&&>>;
         static_assert(!std::is_void_v<Out>, "sluice::map: the function must return the item to send on");
         return make_item_stage<I, Out>(
-            o.name, {.concurrency = o.threads, .order = o.order, .on = pool::cpu, .out = o.out},
+            o.name, {.concurrency = o.concurrency, .order = o.order, .on = pool::cpu, .out = o.out},
             [fn = std::move(fn)](I&& in, std::vector<Out>& out) mutable {
                 out.push_back(std::invoke(fn, std::move(in)));
             });
@@ -81,7 +81,7 @@ auto map_stage(F fn, const map_options& o) {
 }
 }  // namespace detail
 
-/// Takes: In items. Gives: fn(item) for each, on `threads` workers of the CPU pool.
+/// Takes: In items. Gives: fn(item) for each, on `concurrency` workers of the CPU pool.
 /// In is deduced from fn's parameter. A generic lambda (`[](auto r) {...}`) or an
 /// overloaded function object takes the type of what it is attached to: `map(fn)` is then
 /// a closure, like shuffle, that becomes a stage when piped after a stage (`src | map(fn)`)
@@ -89,11 +89,11 @@ auto map_stage(F fn, const map_options& o) {
 /// cannot take the items it is given fails to compile with
 /// sluice::detail::pipe_type_mismatch<Produced, Expected>.
 /// Backpressure: a worker suspends sending while downstream is full; at most
-/// `threads` items are in the function at once, plus the output channel's capacity.
+/// `concurrency` items are in the function at once, plus the output channel's capacity.
 /// Errors: an exception from fn is sent downstream after the results before it, and
 /// stops the stage.
 /// Cancellation: workers stop at their next send; a call already running finishes.
-/// Example: `| sluice::map([](sluice::record r) { return decode(r); }, {.threads = 6})`
+/// Example: `| sluice::map([](sluice::record r) { return decode(r); }, {.concurrency = 6})`
 template <class In = detail::deduce, class F>
 auto map(F fn, map_options o = {}) {
     if constexpr (!std::is_same_v<In, detail::deduce>) {

@@ -310,7 +310,8 @@ inline std::vector<shard> replay_part(const std::vector<shard>& plan, const run_
 /// shuffle without a seed takes plan's; a shuffle or batch whose items do not say their
 /// epoch (no `source` shard) fails the start when there are several epochs.
 /// Example: `sluice::list(...) | sluice::plan({.epochs = 90, .seed = 17, .counts = counts})`
-inline stage<std::string, shard> plan(plan_options o = {}) {
+template <class = void>  // compiled only where used (see make_stage)
+stage<std::string, shard> plan(plan_options o = {}) {
     struct plan_state {
         detail::plan_split split;
     };
@@ -326,20 +327,19 @@ inline stage<std::string, shard> plan(plan_options o = {}) {
                         sp.from + ") needs record counts to give every rank the same number of records: pass "
                         ".counts (sluice::read_record_counts, sluice::count_records; sluice-probe --counts), or "
                         ".share = sluice::share::by_shard for ranks that need not step together");
-        s.run.note("plan", std::string("seed=") + (o.seed ? std::to_string(*o.seed) : "none") +
+        s.internal.run->note("plan", std::string("seed=") + (o.seed ? std::to_string(*o.seed) : "none") +
                                " rank=" + std::to_string(sp.rank) + " world=" + std::to_string(sp.world) +
                                " share=" + std::to_string(int(o.share)));
         // The stages after plan that wait on it (ops/plan_link.hpp): a shuffle without a
         // seed of its own takes this one (and only then knows what to ask for on resume);
         // items that cannot keep epochs apart are refused here when there are several.
         detail::tell_plan(s, {o.seed, o.epochs});
-        if (s.run.resume() && o.counts && s.run.requested()) s.run.serve();
-        s.state = st;
+        if (s.internal.run->resume() && o.counts && s.internal.run->requested()) s.internal.run->serve();
+        return st;
     };
     return make_stage<std::string, shard>(
         "plan", {.on = pool::io, .out = {256, 0}}, setup,
-        [o](stage_context<std::string, shard>& ctx) -> task<void> {
-            auto* st = static_cast<plan_state*>(ctx.state.get());
+        [o](stage_context<std::string, shard>& ctx, plan_state& st) -> task<void> {
             std::vector<std::string> urls;
             while (auto u = co_await ctx.in.next()) urls.push_back(std::move(*u));
             std::vector<std::uint64_t> counts;
@@ -350,17 +350,17 @@ inline stage<std::string, shard> plan(plan_options o = {}) {
             for (auto& u : urls) h = detail::fnv1a(h, u);
             char hex[17];
             std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
-            ctx.run->note("data", std::to_string(urls.size()) + " shards " + hex, /*late=*/true);
+            ctx.internal.run->note("data", std::to_string(urls.size()) + " shards " + hex, /*late=*/true);
             std::uint32_t e = 0;
-            std::optional<run_state::replay> replay;
-            if (auto at = ctx.run->resume()) {
+            std::optional<detail::run_state::replay> replay;
+            if (auto at = ctx.internal.run->resume()) {
                 e = at->epoch;
-                if (ctx.run->served()) replay = ctx.run->requested();
+                if (ctx.internal.run->served()) replay = ctx.internal.run->requested();
             }
             for (; e < o.epochs; ++e) {
                 std::optional<std::uint64_t> records;
-                auto shards = detail::plan_epoch(urls, o.counts ? &counts : nullptr, o, st->split, e, &records);
-                if (records) ctx.run->set_epoch_records(e, *records);
+                auto shards = detail::plan_epoch(urls, o.counts ? &counts : nullptr, o, st.split, e, &records);
+                if (records) ctx.internal.run->set_epoch_records(e, *records);
                 if (replay && replay->epoch == e) shards = detail::replay_part(shards, *replay);
                 for (auto& s : shards) co_await ctx.out.send(std::move(s));
             }

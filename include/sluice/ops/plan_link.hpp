@@ -60,7 +60,7 @@ struct plan_board {
 
 /// From a stage's setup (a stage after plan): `f` runs in plan's setup.
 inline void listen_for_plan(stage_setup& s, plan_listener f) {
-    auto b = s.run.slot<plan_board>("plan");
+    auto b = s.internal.run->slot<plan_board>("plan");
     std::lock_guard lock(b->m);
     b->waiting.push_back(std::move(f));
 }
@@ -69,11 +69,11 @@ inline void listen_for_plan(stage_setup& s, plan_listener f) {
 inline void tell_plan(stage_setup& s, const plan_facts& f) {
     std::vector<plan_listener> ls;
     {
-        auto b = s.run.slot<plan_board>("plan");
+        auto b = s.internal.run->slot<plan_board>("plan");
         std::lock_guard lock(b->m);
         ls.swap(b->waiting);
     }
-    for (auto& l : ls) l(f, s.run);
+    for (auto& l : ls) l(f, *s.internal.run);
 }
 
 /// The type's name as the compiler writes it ("example", "std::vector<int>").

@@ -92,12 +92,11 @@ inline std::optional<shuffle_resume> replay_shuffle(const shuffle_options& o, st
 }
 
 template <class T>
-task<void> shuffle_worker(stage_context<T, T>& ctx, shuffle_options o) {
-    auto* state = static_cast<shuffle_state*>(ctx.state.get());
-    if (state) o = state->o;  // the seed in effect (plan's, when the shuffle has none)
+task<void> shuffle_worker(stage_context<T, T>& ctx, shuffle_state& state) {
+    const shuffle_options o = state.o;  // the seed in effect (plan's, when the shuffle has none)
     if constexpr (!has_epoch<T>)  // one buffer across epochs: no per-epoch replay
-        if (ctx.run)
-            ctx.run->epochs_unknown("the items reaching shuffle do not say which epoch they belong to; give them a "
+        if (ctx.internal.run)
+            ctx.internal.run->epochs_unknown("the items reaching shuffle do not say which epoch they belong to; give them a "
                                     "`std::shared_ptr<const sluice::shard> source` member (copied from the record or "
                                     "sample they came from)");
     std::vector<T> held;
@@ -113,7 +112,7 @@ task<void> shuffle_worker(stage_context<T, T>& ctx, shuffle_options o) {
     };
     // Resuming with a replay plan: the first items to arrive are the held ones, in order
     // of position; put each back in its slot, then go on as before the cut.
-    if (shuffle_resume* st = state && state->resume ? &*state->resume : nullptr; st && ctx.run && ctx.run->served()) {
+    if (shuffle_resume* st = state.resume ? &*state.resume : nullptr; st && ctx.internal.run && ctx.internal.run->served()) {
         epoch = st->epoch;
         r = st->r;
         std::vector<std::size_t> slot_of(st->slots.size());  // k-th by position -> slot
@@ -137,7 +136,7 @@ task<void> shuffle_worker(stage_context<T, T>& ctx, shuffle_options o) {
             held.clear();
             held_bytes = 0;
         }
-        state->resume.reset();
+        state.resume.reset();
     }
     while (auto item = co_await ctx.in.next()) {
         // Each epoch is shuffled on its own, from a seed of (seed, epoch): its order does
@@ -193,22 +192,30 @@ void shuffle_plan_resume(const shuffle_options& o, shuffle_state& st, run_state&
 /// Without a seed of its own, the shuffle's seed (and so its replay on resume) waits for
 /// plan's setup, which runs after this one (see ops/plan_link.hpp).
 template <class T>
-void shuffle_setup(const shuffle_options& o, stage_setup& s) {
-    s.run.note("shuffle", "buffer=" + std::to_string(o.buffer) + " max_bytes=" + std::to_string(o.max_bytes) +
+std::shared_ptr<shuffle_state> shuffle_setup(const shuffle_options& o, stage_setup& s) {
+    s.internal.run->note("shuffle", "buffer=" + std::to_string(o.buffer) + " max_bytes=" + std::to_string(o.max_bytes) +
                               " seed=" + (o.seed ? std::to_string(*o.seed) : std::string("plan")));
     auto st = std::make_shared<shuffle_state>();
     st->o = o;
     st->o.seed = o.seed.value_or(0);
-    s.state = st;
     check_epochs_at_start<T>(s, "shuffle", o.epochs);
     if (o.seed) {
-        shuffle_plan_resume<T>(st->o, *st, s.run);
-        return;
+        shuffle_plan_resume<T>(st->o, *st, *s.internal.run);
+        return st;
     }
     listen_for_plan(s, [st](const plan_facts& f, run_state& run) {
         st->o.seed = f.seed.value_or(0);
         shuffle_plan_resume<T>(st->o, *st, run);
     });
+    return st;
+}
+
+/// The shuffle stage for items of type T (what shuffle() makes once it is attached).
+template <class T>
+stage<T, T> shuffle_stage(shuffle_options o) {
+    return make_stage<T, T>(
+        "shuffle", {.on = pool::cpu, .out = o.out}, [o](stage_setup& s) { return shuffle_setup<T>(o, s); },
+        [](stage_context<T, T>& ctx, shuffle_state& st) { return shuffle_worker<T>(ctx, st); });
 }
 }  // namespace detail
 
@@ -233,11 +240,7 @@ void shuffle_setup(const shuffle_options& o, stage_setup& s) {
 /// Cancellation: stops at the next send and frees what it holds.
 /// Example: `| sluice::shuffle({.buffer = 10'000, .seed = 17})`
 inline auto shuffle(shuffle_options o = {}) {
-    auto make = [o]<class T>() {
-        return make_stage<T, T>(
-            "shuffle", {.on = pool::cpu, .out = o.out}, [o](stage_setup& s) { detail::shuffle_setup<T>(o, s); },
-            [o](stage_context<T, T>& ctx) { return detail::shuffle_worker<T>(ctx, o); });
-    };
+    auto make = [o]<class T>() { return detail::shuffle_stage<T>(o); };
     return detail::deferred<decltype(make)>{make};
 }
 template <class A, class B>

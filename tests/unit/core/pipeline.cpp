@@ -58,7 +58,7 @@ TEST_CASE("stopping 1,000 pipelines at random points joins all work and frees ev
     counted::reset();
     const auto items = counted_items(200);
     const long baseline = counted::live.load();
-    auto chain = sluice::map([](counted c) { return c; }, {.threads = 2, .order = sluice::ordering::unordered}) |
+    auto chain = sluice::map([](counted c) { return c; }, {.concurrency = 2, .order = sluice::ordering::unordered}) |
                  sluice::shuffle({.buffer = 16, .seed = 1}) |
                  sluice::batch({.size = 8}, [](std::vector<counted>& g) { return std::move(g); });
     const auto t0 = std::chrono::steady_clock::now();

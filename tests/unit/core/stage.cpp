@@ -47,6 +47,36 @@ TEST_CASE("stages compose with | and by direct call, checked by type", "[stage]"
     REQUIRE(drain(sluice::from(iota(2)) | both) == std::vector<std::string>{"0", "2"});  // reused
 }
 
+TEST_CASE("a stage's setup hands its workers typed state, made once per run", "[stage]") {
+    struct tally {
+        std::atomic<int> items{0};
+    };
+    std::atomic<int> setups{0};
+    // Four workers share the one tally their run's setup made; a second run gets a new one.
+    auto counted = sluice::make_stage<int, int>(
+        "counted", {.concurrency = 4},
+        [&](sluice::stage_setup&) {
+            ++setups;
+            return std::make_shared<tally>();
+        },
+        [](sluice::stage_context<int, int>& ctx, tally& t) -> sluice::task<void> {
+            while (auto x = co_await ctx.in.next()) {
+                const int n = ++t.items;
+                co_await ctx.out.send(n);
+            }
+        });
+    for (int run = 1; run <= 2; ++run) {
+        auto got = drain(sluice::from(iota(50)) | counted);
+        std::sort(got.begin(), got.end());
+        REQUIRE(got == [] {
+            std::vector<int> v;
+            for (int i = 1; i <= 50; ++i) v.push_back(i);
+            return v;
+        }());  // one counter for all four workers, starting afresh each run
+        REQUIRE(setups == run);
+    }
+}
+
 TEST_CASE("a custom stage is a coroutine body over its ports", "[stage]") {
     // Emits each item n times: one input, many outputs, with state across items.
     auto repeat = sluice::make_stage<int, int>(
@@ -84,7 +114,7 @@ TEST_CASE("an unordered stage with several workers delivers every item", "[stage
             std::this_thread::sleep_for(std::chrono::microseconds((x * 31) % 300));
             return x;
         },
-        {.threads = 4, .order = sluice::ordering::unordered});
+        {.concurrency = 4, .order = sluice::ordering::unordered});
     auto got = drain(sluice::from(iota(500)) | m, {.runtime = {.cpu_threads = 4}});
     std::sort(got.begin(), got.end());
     REQUIRE(got == iota(500));
@@ -110,7 +140,7 @@ TEST_CASE("a failing stage sends its error after the items before it", "[stage]"
                 if (x == 50) throw std::runtime_error("bad record 50");
                 return x;
             },
-            {.threads = threads});
+            {.concurrency = threads});
         std::vector<int> got;
         sluice::pipeline p(sluice::from(iota(100)) | m, {.runtime = {.cpu_threads = 4}});
         REQUIRE_THROWS_WITH([&] { for (int x : p) got.push_back(x); }(), "bad record 50");
@@ -130,7 +160,7 @@ TEST_CASE("an upstream error reaches the consumer after every item, through an o
             std::this_thread::sleep_for(std::chrono::microseconds((x * 7919) % 400));
             return x;
         },
-        {.threads = 4});
+        {.concurrency = 4});
     for (int run = 0; run < 20; ++run) {
         std::vector<int> got;
         sluice::pipeline p(failing_source | slow, {.runtime = {.cpu_threads = 4}});

@@ -59,7 +59,7 @@ TEST_CASE("the batch stage collates straight into the engine's staging memory", 
     auto eng = std::make_shared<sluice::host_engine>();
     std::size_t n = 0;
     {
-        sluice::pipeline p(sluice::from(make_records(300)) | sluice::batch({.size = 50, .threads = 2}) |
+        sluice::pipeline p(sluice::from(make_records(300)) | sluice::batch({.size = 50, .concurrency = 2}) |
                            sluice::to_device({}, eng));
         for (auto& b : p) {
             b.synchronize();

@@ -46,7 +46,7 @@ TEST_CASE("fetch: objects from nginx arrive whole, streamed in chunks, many in f
         urls.push_back(nginx.url(name));
     }
     std::map<std::string, std::string> got;
-    sluice::pipeline p(sluice::list(urls) | sluice::plan() | sluice::fetch({.in_flight = 3, .chunk_size = 64 << 10}) |
+    sluice::pipeline p(sluice::list(urls) | sluice::plan() | sluice::fetch({.concurrency = 3, .chunk_size = 64 << 10}) |
                        sluice::raw());
     for (auto& rec : p) got[rec.source->url] = std::string(rec.data.view());
     REQUIRE(got == want);
@@ -105,8 +105,8 @@ TEST_CASE("fetch: 2,000 objects under 503s, resets, stalls and truncations deliv
                                                            "--stall-s", "3", "--ptrunc", "0.01", "--seed",
                                                            std::to_string(sluice_test::test_seed())});
     sluice::pipeline p(sluice::list(faults.url("o/{00000..01999}.txt")) | sluice::plan() |
-                       sluice::fetch({.in_flight = 32,
-                                      .min_in_flight = 16,  // exactly-once is the point here, not AIMD
+                       sluice::fetch({.concurrency = 32,
+                                      .min_concurrency = 16,  // exactly-once is the point here, not AIMD
                                       .retries = 20,
                                       .backoff_base = std::chrono::milliseconds(2),
                                       .backoff_cap = std::chrono::milliseconds(50),
@@ -249,7 +249,7 @@ TEST_CASE("fetch: 503s shrink the in-flight limit, ordered delivery keeps the sh
     }
     sluice_test::fault_server faults(www.path().string(), {"--p503", "0.5", "--seed", "2"});
     sluice::pipeline p(sluice::list(faults.url("s/{000..299}.txt")) | sluice::plan() |
-                       sluice::fetch({.in_flight = 32,
+                       sluice::fetch({.concurrency = 32,
                                       .order = sluice::ordering::ordered,
                                       .retries = 40,
                                       .backoff_base = std::chrono::milliseconds(1),
@@ -325,7 +325,7 @@ TEST_CASE("fetch: many large objects through a small request budget arrive whole
     }
     // 2 permits for 6 objects of 4 parts: most parts start without a free permit.
     sluice::pipeline p(sluice::list(nginx.url("big{0..5}.bin")) | sluice::plan() |
-                       sluice::fetch({.in_flight = 2, .min_in_flight = 1, .chunk_size = 128 << 10, .part_size = 1 << 20}) |
+                       sluice::fetch({.concurrency = 2, .min_concurrency = 1, .chunk_size = 128 << 10, .part_size = 1 << 20}) |
                        sluice::raw());
     std::map<std::string, std::string> got;
     for (auto& rec : p) got[rec.source->url] = std::string(rec.data.view());
@@ -338,7 +338,7 @@ TEST_CASE("fetch: ordered, an error reaches the consumer after every object befo
         if (i != 12) www.write("f" + std::to_string(100 + i) + ".txt", "object " + std::to_string(i) + "\n");
     sluice_test::nginx_server nginx(www.path().string());
     sluice::pipeline p(sluice::list(nginx.url("f{100..119}.txt")) | sluice::plan() |
-                       sluice::fetch({.in_flight = 8, .order = sluice::ordering::ordered}) | sluice::lines());
+                       sluice::fetch({.concurrency = 8, .order = sluice::ordering::ordered}) | sluice::lines());
     std::vector<std::string> got;
     std::string error;
     try {
@@ -369,7 +369,7 @@ TEST_CASE("fetch: stop returns at once while transfers stall, ordered or not", "
     sluice_test::fault_server faults(www.path().string(), {"--pstall", "0.3", "--stall-s", "120", "--seed", "5"});
     for (auto order : {sluice::ordering::unordered, sluice::ordering::ordered}) {
         sluice::pipeline p(sluice::list(faults.url("o/{0..63}.bin")) | sluice::plan() |
-                           sluice::fetch({.in_flight = 16,
+                           sluice::fetch({.concurrency = 16,
                                           .order = order,
                                           .chunk_size = 64 << 10,
                                           .stall = std::chrono::seconds(2)}) |  // so the first items come
@@ -398,7 +398,7 @@ TEST_CASE("fetch: stop returns at once against a black-holed endpoint and during
     for (const auto& url : {hole, refused}) {
         INFO(url);
         sluice::pipeline p(sluice::list(url) | sluice::plan() |
-                           sluice::fetch({.in_flight = 8,
+                           sluice::fetch({.concurrency = 8,
                                           .backoff_base = std::chrono::seconds(20),  // refused: waits in backoff
                                           .backoff_cap = std::chrono::seconds(60)}));
         p.start();
@@ -436,7 +436,7 @@ TEST_CASE("fetch: ordered, 503s shrink the requests in flight, not only the limi
     for (int i = 0; i < 300; ++i) www.write("s/" + std::to_string(i) + ".txt", std::string(200, 'x') + "\n");
     sluice_test::fault_server faults(www.path().string(), {"--p503", "0.5", "--seed", "3", "--ttfb-ms", "5"});
     sluice::pipeline p(sluice::list(faults.url("s/{0..299}.txt")) | sluice::plan() |
-                       sluice::fetch({.in_flight = 32,
+                       sluice::fetch({.concurrency = 32,
                                       .order = sluice::ordering::ordered,
                                       .retries = 60,
                                       .backoff_base = std::chrono::milliseconds(1),

@@ -461,7 +461,7 @@ TEST_CASE("s3: moto with signature checking: the right key reads every object, a
         // Listed (the whole bucket: moto rejects encoded query values under checking),
         // then fetched with ranged parts (1 MiB) and many in flight.
         sluice::pipeline p(sluice::list("s3://data") | sluice::plan() |
-                           sluice::fetch({.in_flight = 8, .part_size = 1u << 20}) | sluice::raw());
+                           sluice::fetch({.concurrency = 8, .part_size = 1u << 20}) | sluice::raw());
         REQUIRE(read_all(p) == want);
         REQUIRE(counter(p.figures(), "fetch", "parts") >= 3);
         REQUIRE(counter(p.figures(), "fetch", "retries") == 0);
@@ -568,7 +568,7 @@ TEST_CASE("s3: throttling (503 SlowDown) backs off and retries, parts and resume
     const std::string endpoint = fs.url("").substr(0, fs.url("").size() - 1);
     sluice_test::scoped_env env({{"AWS_ACCESS_KEY_ID", "AKIDTEST"}, {"AWS_SECRET_ACCESS_KEY", "test-secret-value"}, {"AWS_PROFILE", std::nullopt}});
     sluice::pipeline p(sluice::list(urls) | sluice::plan() |
-                       sluice::fetch({.in_flight = 8,
+                       sluice::fetch({.concurrency = 8,
                                       .part_size = 1u << 20,
                                       .retries = 30,
                                       .backoff_base = std::chrono::milliseconds(1),

@@ -78,7 +78,7 @@ TEST_CASE("batches collated on several workers come out in order", "[batch]") {
     for (int i = 0; i < 1000; ++i) texts.push_back(std::string(i % 37, char('a' + i % 26)));
     auto run = [&](unsigned threads) {
         std::vector<std::string> out;
-        for (auto& b : sluice::pipeline(sluice::from(records(texts)) | sluice::batch({.size = 7, .threads = threads}),
+        for (auto& b : sluice::pipeline(sluice::from(records(texts)) | sluice::batch({.size = 7, .concurrency = threads}),
                                         {.runtime = {.cpu_threads = 3}})) {
             REQUIRE(b.offsets.size() == b.size() + 1);
             out.emplace_back(b.data.view());
@@ -155,8 +155,8 @@ TEST_CASE("with epoch sizes known, late records of an epoch still join its batch
     auto sizes = sluice::make_stage<sluice::record, sluice::record>(
         "sizes", {},
         [](sluice::stage_setup& s) {
-            s.run.set_epoch_records(0, 12);
-            s.run.set_epoch_records(1, 10);
+            s.internal.run->set_epoch_records(0, 12);
+            s.internal.run->set_epoch_records(1, 10);
         },
         [](sluice::stage_context<sluice::record, sluice::record>& ctx) -> sluice::task<void> {
             while (auto r = co_await ctx.in.next()) co_await ctx.out.send(std::move(*r));
@@ -173,7 +173,7 @@ TEST_CASE("with epoch sizes known, late records of an epoch still join its batch
     }
 }
 
-TEST_CASE("a user's collate runs on `threads` workers, batches still in order and stamped", "[batch]") {
+TEST_CASE("a user's collate runs on `concurrency` workers, batches still in order and stamped", "[batch]") {
     std::vector<sluice::record> rs;
     for (std::uint32_t e = 0; e < 2; ++e) {
         auto s = std::make_shared<const sluice::shard>(sluice::shard{"f", e, 0});
@@ -201,7 +201,7 @@ TEST_CASE("a user's collate runs on `threads` workers, batches still in order an
         std::vector<std::vector<int>> out;
         sluice::pipeline p(sluice::from(rs) |
                                sluice::map([](sluice::record r) { return batch_test_tagged{r.source, int(r.index)}; }) |
-                               sluice::batch({.size = 9, .threads = n}, collate),
+                               sluice::batch({.size = 9, .concurrency = n}, collate),
                            {.runtime = {.cpu_threads = 4}});
         while (auto b = p.next_blocking()) {
             out.push_back(*b);
@@ -226,7 +226,7 @@ TEST_CASE("batch's options reject nothing silently: threads with a collate is a 
         for (int x : v) s += x;
         return s;
     };
-    sluice::pipeline p(sluice::from<int>({1, 2, 3, 4, 5, 6, 7}) | sluice::batch({.size = 3, .threads = 2}, sum));
+    sluice::pipeline p(sluice::from<int>({1, 2, 3, 4, 5, 6, 7}) | sluice::batch({.size = 3, .concurrency = 2}, sum));
     std::vector<int> got;
     for (int s : p) got.push_back(s);
     REQUIRE(got == std::vector<int>{6, 15, 7});

@@ -28,7 +28,7 @@ TEST_CASE("map runs the user's function on N threads of the CPU pool", "[map]") 
     std::vector<int> in(64);
     for (int i = 0; i < 64; ++i) in[i] = i;
     std::vector<int> got;
-    for (int x : sluice::pipeline(sluice::from(in) | sluice::map(f, {.threads = 4}), {.runtime = {.cpu_threads = 4}}))
+    for (int x : sluice::pipeline(sluice::from(in) | sluice::map(f, {.concurrency = 4}), {.runtime = {.cpu_threads = 4}}))
         got.push_back(x);
     REQUIRE(got.size() == 64);
     for (int i = 0; i < 64; ++i) REQUIRE(got[i] == i * i);  // ordered by default
@@ -62,7 +62,7 @@ TEST_CASE("a generic lambda in map takes the type of what it is attached to", "[
         got.push_back(x);
     REQUIRE(got == std::vector<int>{2, 4, 6});
     // Stored before it is attached, and joined to other closures; `const auto&` too.
-    auto tail = sluice::map([](const auto& s) { return s + "!"; }, {.threads = 2}) |
+    auto tail = sluice::map([](const auto& s) { return s + "!"; }, {.concurrency = 2}) |
                 sluice::map([](auto s) { return s.size(); });
     std::vector<std::size_t> sizes;
     for (auto n : sluice::pipeline(sluice::from<std::string>({"a", "bcd"}) | tail)) sizes.push_back(n);

@@ -185,7 +185,7 @@ TEST_CASE("a replay takes only the positions asked for, across shard boundaries"
     auto counts = uneven_counts(6);  // 15 records in all
     auto shards = run_plan(6, {.counts = counts});
     std::vector<std::pair<std::string, std::uint64_t>> order = taken(shards);  // position -> record
-    sluice::run_state::replay want{0, {1, 4, 9}, 12};
+    sluice::detail::run_state::replay want{0, {1, 4, 9}, 12};
     auto part = sluice::detail::replay_part(shards, want);
     auto got = taken(part);
     std::vector<std::pair<std::string, std::uint64_t>> expected{order[1], order[4], order[9]};

@@ -6,12 +6,13 @@
 
 TEST_CASE("plan's facts reach the listeners of its run once, and only that run's", "[plan]") {
     sluice::runtime rt({.cpu_threads = 1});
-    sluice::run_state run, other;
-    sluice::stage_setup s{rt, nullptr, nullptr, {}, run};
-    sluice::stage_setup t{rt, nullptr, nullptr, {}, other};
+    sluice::detail::run_state run, other;
+    sluice::stage_setup s{rt}, t{rt};
+    s.internal.run = &run;
+    t.internal.run = &other;
     int calls = 0;
     std::optional<std::uint64_t> seen;
-    sluice::detail::listen_for_plan(s, [&](const sluice::detail::plan_facts& f, sluice::run_state&) {
+    sluice::detail::listen_for_plan(s, [&](const sluice::detail::plan_facts& f, sluice::detail::run_state&) {
         ++calls;
         seen = f.seed;
     });

@@ -146,12 +146,13 @@ struct fetch_run {
 
 inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o) {
     auto run = std::make_shared<fetch_run>();
-    run->limit = std::make_shared<aimd_limit>(o.in_flight, o.min_in_flight);
+    run->limit = std::make_shared<aimd_limit>(o.concurrency, o.min_concurrency);
     if (!o.cache.dir.empty()) run->cache = std::make_shared<local_cache>(o.cache);
     return run;
 }
 
-inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o) {
+template <class>  // declared in io/http.hpp
+task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_options o) {
     auto eng = curl_engine::shared();
     std::minstd_rand jitter(std::random_device{}());
     const backoff_policy retry{o.retries, o.backoff_base, o.backoff_cap};
@@ -161,7 +162,6 @@ inline task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_options o
     auto& throttled = ctx.stats.counter("throttled");
     auto& parts_counter = ctx.stats.counter("parts");
     auto& limit_gauge = ctx.stats.counter("in_flight_limit");
-    auto& run = *static_cast<fetch_run*>(ctx.state.get());
     local_cache* cache = run.cache.get();
     std::atomic<std::uint64_t> unused{0};  // without a cache, no cache counters in the stats
     auto cache_counter = [&](const char* name) -> std::atomic<std::uint64_t>& {
