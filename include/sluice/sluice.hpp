@@ -33,3 +33,7 @@
 #if defined(SLUICE_HAVE_CUDA)  // set by the sluice::cuda target
 #include <sluice/cuda/cuda.hpp>
 #endif
+
+// With sluice::compiled linked (SLUICE_COMPILED), the library's own stages and
+// pipelines are compiled once in it rather than in every translation unit.
+#include <sluice/detail/compiled_parts.hpp>
