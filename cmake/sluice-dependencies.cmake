@@ -7,6 +7,10 @@
 #   dlpack::dlpack (the DLPack tensor header, for exporting batches; Debian's libdlpack-dev)
 #   CUDA::cudart  (the CUDA runtime, for the CUDA engine; only when SLUICE_CUDA is not OFF
 #                 and the CUDA toolkit is found; ON makes it required)
+#   sluice::image_libraries (the image layer's, all optional: without one of them there
+#                 is no sluice::image): libjpeg-turbo's libjpeg API (JPEG::JPEG; Debian's
+#                 libjpeg62-turbo-dev), libspng (libspng-dev) and OpenCV's core and imgproc
+#                 for resizing (libopencv-imgproc-dev)
 include(CMakeFindDependencyMacro)
 find_dependency(Threads)
 find_dependency(ZLIB)
@@ -28,4 +32,20 @@ if(NOT TARGET sluice::asio)
   set_target_properties(sluice::asio PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${SLUICE_ASIO_INCLUDE_DIR}")
   # clang with libstdc++ does not detect coroutine support in Asio 1.22 by itself.
   target_compile_definitions(sluice::asio INTERFACE ASIO_NO_DEPRECATED $<$<CXX_COMPILER_ID:Clang>:ASIO_HAS_CO_AWAIT=1>)
+endif()
+
+if(NOT TARGET sluice::image_libraries)
+  find_package(JPEG QUIET)
+  find_path(SLUICE_SPNG_INCLUDE_DIR spng.h)
+  find_library(SLUICE_SPNG_LIBRARY spng)
+  find_path(SLUICE_OPENCV_INCLUDE_DIR opencv2/imgproc.hpp PATH_SUFFIXES opencv4)
+  find_library(SLUICE_OPENCV_CORE_LIBRARY opencv_core)
+  find_library(SLUICE_OPENCV_IMGPROC_LIBRARY opencv_imgproc)
+  if(TARGET JPEG::JPEG AND SLUICE_SPNG_INCLUDE_DIR AND SLUICE_SPNG_LIBRARY AND SLUICE_OPENCV_INCLUDE_DIR
+     AND SLUICE_OPENCV_CORE_LIBRARY AND SLUICE_OPENCV_IMGPROC_LIBRARY)
+    add_library(sluice::image_libraries INTERFACE IMPORTED GLOBAL)
+    set_target_properties(sluice::image_libraries PROPERTIES
+      INTERFACE_INCLUDE_DIRECTORIES "${SLUICE_SPNG_INCLUDE_DIR};${SLUICE_OPENCV_INCLUDE_DIR}"
+      INTERFACE_LINK_LIBRARIES "JPEG::JPEG;${SLUICE_SPNG_LIBRARY};${SLUICE_OPENCV_IMGPROC_LIBRARY};${SLUICE_OPENCV_CORE_LIBRARY}")
+  endif()
 endif()

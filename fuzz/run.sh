@@ -20,7 +20,7 @@ while [ $# -gt 0 ]; do
     *) targets+=("$1"); shift ;;
   esac
 done
-[ ${#targets[@]} -gt 0 ] || targets=(tfrecord recordio tar webdataset gzip)
+[ ${#targets[@]} -gt 0 ] || targets=(tfrecord recordio tar webdataset gzip image)
 
 cxx=${SLUICE_FUZZ_CXX:-$(command -v clang++ || true)}
 if [ -z "$cxx" ]; then echo "fuzz: no clang++ (Debian: apt-get install clang libclang-rt-dev): skipped"; exit 77; fi
@@ -32,17 +32,29 @@ if ! "$cxx" -fsanitize=fuzzer "$probe" -o "$build/probe" 2>/dev/null; then
   echo "fuzz: $cxx cannot link libFuzzer (Debian: apt-get install libclang-rt-dev): skipped"; exit 77
 fi
 
+# The image target needs the image layer's decoders (libjpeg-turbo, libspng).
+if [[ " ${targets[*]} " == *" image "* ]] &&
+   ! printf '#include <cstdio>\n#include <jpeglib.h>\n#include <spng.h>\nint main() {}\n' |
+     "$cxx" -x c++ - -o "$build/probe-image" -ljpeg -lspng 2>/dev/null; then
+  echo "fuzz: image: skipped (no libjpeg62-turbo-dev or libspng-dev)"
+  targets=("${targets[@]/image}")
+fi
+
 flags=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize=function
        -fno-sanitize-recover=undefined -I"$root/include" -I"$here")
 for t in "${targets[@]}"; do
+  [ -n "$t" ] || continue
   bin="$build/$t"
   if [ ! -x "$bin" ] || [ "$here/$t.cpp" -nt "$bin" ] || [ -n "$(find "$root/include" "$here" -newer "$bin" -name '*.hpp' -print -quit)" ]; then
     echo "fuzz: building $t"
-    $launcher "$cxx" "${flags[@]}" "$here/$t.cpp" -o "$bin" -lz
+    libs=(-lz)
+    [ "$t" = image ] && libs=(-ljpeg -lspng)
+    $launcher "$cxx" "${flags[@]}" "$here/$t.cpp" -o "$bin" "${libs[@]}"
   fi
 done
 status=0
 for t in "${targets[@]}"; do
+  [ -n "$t" ] || continue
   corpus="$build/corpus/$t"
   mkdir -p "$corpus"
   echo "fuzz: running $t for ${seconds}s"

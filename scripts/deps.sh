@@ -2,7 +2,8 @@
 # Installs the Debian (and npm) packages sluice's build, tests and demo need, when missing.
 # Debian 12: g++ 12, CMake 3.25, Asio 1.22 (standalone), Catch2 2.13, zlib, libcurl,
 # pugixml.
-#   scripts/deps.sh          what the build and the demo need
+#   scripts/deps.sh          what the build and the demo need (with the image layer's
+#                            libjpeg-turbo, libspng and OpenCV imgproc)
 #   scripts/deps.sh --test   and what the tests need: python3 (its tarfile writes the tar
 #                            test archives and runs the fault-injecting HTTP server),
 #                            clang and libFuzzer (the fuzz targets), nginx (HTTP tests),
@@ -15,8 +16,10 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 test_deps=0
 [ "${1:-}" = "--test" ] && test_deps=1
-packages=(g++ make cmake libasio-dev catch2 zlib1g-dev libcurl4-openssl-dev libpugixml-dev libdlpack-dev ccache)
-[ $test_deps = 1 ] && packages+=(python3 clang libclang-rt-dev nginx)
+packages=(g++ make cmake libasio-dev catch2 zlib1g-dev libcurl4-openssl-dev libpugixml-dev libdlpack-dev ccache
+          libjpeg62-turbo-dev libspng-dev libopencv-imgproc-dev)
+# The tests also check decoded images against PIL's (Debian's python3-pil, with numpy).
+[ $test_deps = 1 ] && packages+=(python3 clang libclang-rt-dev nginx python3-pil python3-numpy)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

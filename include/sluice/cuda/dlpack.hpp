@@ -139,12 +139,34 @@ inline dlpack_ptr export_dlpack(void* data, DLDevice device, std::size_t bytes,
 
 }  // namespace detail
 
+namespace detail {
+/// The layout asked for, or when none is (an empty shape) the batch's own: what the
+/// stage that made it says it is (batch_images), else records of bytes.
+inline tensor_layout layout_for(const host_batch& b, const tensor_layout& asked) {
+    if (!asked.shape.empty() || b.shape.empty()) return asked;
+    return {DLDataType{b.dtype_code, b.dtype_bits, 1}, b.shape};
+}
+}  // namespace detail
+
 /// A host batch as a DLPack CPU tensor (pinned memory is CPU memory to DLPack; PyTorch
-/// finds out it is pinned by itself). The tensor keeps the batch's buffer alive.
+/// finds out it is pinned by itself). The tensor keeps the batch's buffer alive. Without
+/// a layout, a batch that says what it is (batch_images) exports as that.
 inline dlpack_ptr to_dlpack(const host_batch& b, const tensor_layout& layout = {}) {
     auto owner = std::make_shared<const bytes>(b.data);
     return detail::export_dlpack(const_cast<std::byte*>(b.data.data()), DLDevice{kDLCPU, 0}, b.data.size(),
-                                 b.offsets, layout, std::move(owner));
+                                 b.offsets, detail::layout_for(b, layout), std::move(owner));
+}
+
+/// A batch's labels as a DLPack int64 CPU tensor of shape [N] (batch_images); the tensor
+/// owns a copy of them. Throws sluice::error when the batch has none.
+inline dlpack_ptr labels_to_dlpack(const host_batch& b) {
+    if (b.labels.empty()) throw error("sluice: labels_to_dlpack: the batch has no labels (batch_images gives them)");
+    auto owned = std::make_shared<std::vector<std::int64_t>>(b.labels);
+    auto* p = owned->data();
+    const std::size_t n = owned->size();
+    const std::vector<std::uint64_t> offsets = {0, n * sizeof(std::int64_t)};
+    return detail::export_dlpack(p, DLDevice{kDLCPU, 0}, n * sizeof(std::int64_t), offsets,
+                                 {dtypes::i64, {std::int64_t(n)}}, std::move(owned));
 }
 
 }  // namespace sluice

@@ -188,7 +188,7 @@ public:
     dlpack_ptr dlpack(const tensor_layout& layout = {}) const {
         const int dev = device();
         const DLDevice d = dev < 0 ? DLDevice{kDLCPU, 0} : DLDevice{kDLCUDA, dev};
-        return detail::export_dlpack(data(), d, byte_size(), offsets(), layout, lease_);
+        return detail::export_dlpack(data(), d, byte_size(), offsets(), detail::layout_for(host(), layout), lease_);
     }
     /// Give the slot back now (also done by the destructor).
     void release() noexcept { lease_.reset(); }

@@ -35,6 +35,16 @@ struct host_batch {
     std::uint32_t epoch = 0;
     std::uint64_t position = 0;
 
+    /// What `data` is as a tensor, when the stage that made the batch knows
+    /// (batch_images: {N, 3, H, W} or {N, H, W, 3} of uint8 or float32): the shape, and the
+    /// element type as DLPack's type code and bits. to_dlpack uses them when given no
+    /// layout. Empty shape: a batch of records, bytes.
+    std::vector<std::int64_t> shape = {};
+    std::uint8_t dtype_code = 1;  // kDLUInt
+    std::uint8_t dtype_bits = 8;
+    /// One label per item (batch_images), or empty.
+    std::vector<std::int64_t> labels = {};
+
     std::size_t size() const noexcept { return offsets.empty() ? 0 : offsets.size() - 1; }
     std::span<const std::byte> operator[](std::size_t i) const noexcept {
         return data.span().subspan(offsets[i], offsets[i + 1] - offsets[i]);
@@ -205,6 +215,48 @@ task<void> batch_worker(stage_context<T, Out>& ctx, batch_options o, F collate) 
 }
 }  // namespace detail
 
+namespace detail {
+/// batch() for items collated into memory: `collate(std::vector<T>&, buffer_source&)`
+/// gives the host_batch (its epoch and position are stamped here). One stage, or with
+/// concurrency above 1 a "group" stage and `concurrency` ordered "batch" workers. The
+/// memory: o.memory, else what the next stage asks for (to_device: its staging memory).
+template <class T, class C>
+stage<T, host_batch> collating_batch(batch_options o, C collate) {
+    auto stamped = [collate](std::vector<T>& g, buffer_source& mem, std::uint32_t e, std::uint64_t pos) {
+        host_batch b = collate(g, mem);
+        b.epoch = e;
+        b.position = pos;
+        return b;
+    };
+    if (o.concurrency > 1) {
+        using G = item_group<T>;
+        auto group = make_stage<T, G>(
+            "group", {.on = pool::cpu, .out = {2 * o.concurrency, 0}}, batch_setup<T>(o),
+            [o](stage_context<T, G>& ctx) {
+                return batch_worker<T, G>(ctx, o, [](std::vector<T>& g, std::uint32_t e, std::uint64_t pos) {
+                    return G{std::move(g), e, pos};
+                });
+            });
+        auto collated = make_stage<G, host_batch>(
+            "batch", {.concurrency = o.concurrency, .order = ordering::ordered, .on = pool::cpu, .out = o.out},
+            [o, stamped](stage_context<G, host_batch>& ctx) {
+                std::shared_ptr<buffer_source> mem = o.memory ? o.memory : ctx.memory;
+                return item_worker(ctx, [mem, stamped](G&& g, std::vector<host_batch>& out) {
+                    out.push_back(stamped(g.items, *mem, g.epoch, g.position));
+                });
+            });
+        return group | collated;
+    }
+    return make_stage<T, host_batch>(
+        "batch", {.on = pool::cpu, .out = o.out}, batch_setup<T>(o), [o, stamped](stage_context<T, host_batch>& ctx) {
+            std::shared_ptr<buffer_source> mem = o.memory ? o.memory : ctx.memory;
+            return batch_worker<T, host_batch>(ctx, o, [mem, stamped](std::vector<T>& g, std::uint32_t e, std::uint64_t pos) {
+                return stamped(g, *mem, e, pos);
+            });
+        });
+}
+}  // namespace detail
+
 /// Takes: records. Gives: host_batch, `size` records collated into one contiguous buffer
 /// with offsets, plus each record's source and index.
 /// Backpressure: holds one batch being filled plus `out` finished batches.
@@ -214,39 +266,9 @@ task<void> batch_worker(stage_context<T, Out>& ctx, batch_options o, F collate) 
 /// Example: `| sluice::batch({.size = 256, .drop_last = true})`
 template <class = void>  // compiled only where used (see make_stage)
 stage<record, host_batch> batch(batch_options o = {}) {
-    if (o.concurrency > 1) {
-        auto group = make_stage<record, detail::item_group<record>>(
-            "group", {.on = pool::cpu, .out = {2 * o.concurrency, 0}}, detail::batch_setup<record>(o),
-            [o](stage_context<record, detail::item_group<record>>& ctx) {
-                return detail::batch_worker<record, detail::item_group<record>>(
-                    ctx, o, [](std::vector<record>& g, std::uint32_t e, std::uint64_t pos) {
-                        return detail::item_group<record>{std::move(g), e, pos};
-                    });
-            });
-        auto collate = make_stage<detail::item_group<record>, host_batch>(
-            "batch", {.concurrency = o.concurrency, .order = ordering::ordered, .on = pool::cpu, .out = o.out},
-            [o](stage_context<detail::item_group<record>, host_batch>& ctx) {
-                std::shared_ptr<buffer_source> mem = o.memory ? o.memory : ctx.memory;
-                return detail::item_worker(ctx, [mem](detail::item_group<record>&& g, std::vector<host_batch>& out) {
-                    out.push_back(detail::collate_records(g.items, *mem));
-                    out.back().epoch = g.epoch;
-                    out.back().position = g.position;
-                });
-            });
-        return group | collate;
-    }
-    return make_stage<record, host_batch>(
-        "batch", {.on = pool::cpu, .out = o.out}, detail::batch_setup<record>(o),
-        [o](stage_context<record, host_batch>& ctx) {
-            std::shared_ptr<buffer_source> mem = o.memory ? o.memory : ctx.memory;
-            return detail::batch_worker<record, host_batch>(
-                ctx, o, [mem](std::vector<record>& g, std::uint32_t e, std::uint64_t pos) {
-                    auto b = detail::collate_records(g, *mem);
-                    b.epoch = e;
-                    b.position = pos;
-                    return b;
-                });
-        });
+    return detail::collating_batch<record>(o, [](std::vector<record>& g, buffer_source& mem) {
+        return detail::collate_records(g, mem);
+    });
 }
 
 /// Takes: items of any type T. Gives: collate(std::vector<T>&) for each group of `size`
