@@ -5,7 +5,7 @@
 //
 //   sluice-gen DIR [--files N] [--records R] [--record-size B] [--vary] [--uneven]
 //                  [--format lines|raw|tar|tfrecord|recordio] [--gzip] [--seed S]
-//                  [--counts FILE] [--fields EXT,EXT...] [--classes C]
+//                  [--counts FILE] [--fields EXT,EXT...] [--classes C] [--images [--jpeg-only]]
 //
 // lines:    each file holds R lines of B letters (with --vary, lengths vary from 0 to 2B);
 // raw:      each file is one record of R*B random bytes;
@@ -21,9 +21,18 @@
 // each (zlib level 6, as gzip(1)) and adds .gz. --uneven: file i holds R*(3+i%5)/5
 // records instead of R (shards of different sizes, as real datasets have). --counts FILE:
 // also write each file's record count ("COUNT NAME" lines, for sluice::plan's counts).
+// --images (built with the image layer): synthetic photos instead (examples/
+// synthetic_images.hpp): with --format raw, N loose files in ImageFolder's layout,
+// DIR/class-LLL/NNNNNN.jpg (or .png; LLL the label); with --format tar, N WebDataset
+// shards of R samples, NNNNNN.jpg (or .png) + NNNNNN.cls. "records" counts images,
+// "payload_bytes" and "crc_sum" cover the encoded images (not the .cls members).
+// --jpeg-only: no PNG variant (every image a JPEG).
 
 #include <sluice/core/detail/random.hpp>
 #include <sluice/formats/writers.hpp>
+#if defined(SLUICE_HAVE_IMAGE)
+#include "synthetic_images.hpp"
+#endif
 
 #include <zlib.h>
 
@@ -42,7 +51,7 @@ namespace {
 constexpr const char* usage =
     "usage: sluice-gen DIR [--files N] [--records R] [--record-size B] [--vary] [--uneven] "
     "[--format lines|raw|tar|tfrecord|recordio] [--gzip] [--seed S] [--counts FILE] [--fields EXT,EXT...] "
-    "[--classes C]\n";
+    "[--classes C] [--images [--jpeg-only]]\n";
 
 // "jpg,cls" -> {"jpg", "cls"}; empty names, '/', and repeats are refused.
 std::vector<std::string> parse_fields(std::string_view v) {
@@ -60,11 +69,76 @@ std::vector<std::string> parse_fields(std::string_view v) {
     return out;
 }
 
+bool write_file(const std::string& path, const std::string& data) {
+    std::FILE* out = std::fopen(path.c_str(), "wb");
+    bool ok = out && std::fwrite(data.data(), 1, data.size(), out) == data.size();
+    ok = out && std::fclose(out) == 0 && ok;
+    if (!ok) std::perror(path.c_str());
+    return ok;
+}
+
+int write_images(const std::string& dir, const std::string& format, std::uint64_t files, std::uint64_t per_shard,
+                 std::uint64_t seed, std::uint64_t classes, bool jpeg_only, const std::string& counts_file) {
+#if defined(SLUICE_HAVE_IMAGE)
+    if (format != "raw" && format != "tar") {
+        std::cerr << "sluice-gen: --images needs --format raw (loose files) or tar (WebDataset shards)\n";
+        return 2;
+    }
+    std::uint64_t n = 0, payload = 0, crc_sum = 0;
+    std::string counts;
+    auto add = [&](const sluice_gen::synthetic_image& im) {
+        ++n;
+        payload += im.bytes.size();
+        crc_sum += crc32_z(0L, reinterpret_cast<const Bytef*>(im.bytes.data()), im.bytes.size());
+    };
+    if (format == "raw") {
+        for (std::uint64_t i = 0; i < files; ++i) {
+            const auto im = sluice_gen::make_image(seed, i, classes, jpeg_only);
+            char rel[64];
+            std::snprintf(rel, sizeof rel, "class-%03llu/%06llu.%s", static_cast<unsigned long long>(im.label),
+                          static_cast<unsigned long long>(i), im.ext.c_str());
+            const auto path = std::filesystem::path(dir) / rel;
+            std::filesystem::create_directories(path.parent_path());
+            if (!write_file(path.string(), im.bytes)) return 1;
+            add(im);
+            counts += std::string("1 ") + rel + "\n";
+        }
+    } else {
+        std::string shard;
+        for (std::uint64_t f = 0; f < files; ++f) {
+            shard.clear();
+            for (std::uint64_t k = 0; k < per_shard; ++k) {
+                const auto im = sluice_gen::make_image(seed, f * per_shard + k, classes, jpeg_only);
+                char key[32];
+                std::snprintf(key, sizeof key, "%06llu.", static_cast<unsigned long long>(k));
+                sluice::append_tar_file(shard, key + im.ext, im.bytes);
+                sluice::append_tar_file(shard, std::string(key) + "cls", std::to_string(im.label));
+                add(im);
+            }
+            sluice::end_tar(shard);
+            char name[64];
+            std::snprintf(name, sizeof name, "shard-%06llu.tar", static_cast<unsigned long long>(f));
+            if (!write_file((std::filesystem::path(dir) / name).string(), shard)) return 1;
+            counts += std::to_string(per_shard) + " " + name + "\n";
+        }
+    }
+    if (!counts_file.empty() && !write_file(counts_file, counts)) return 1;
+    std::cout << "{\"files\":" << (format == "raw" ? n : files) << ",\"records\":" << n << ",\"payload_bytes\":" << payload
+              << ",\"crc_sum\":" << crc_sum << ",\"samples\":" << n << ",\"classes\":" << classes << "}" << std::endl;
+    return 0;
+#else
+    (void)dir, (void)format, (void)files, (void)per_shard, (void)seed, (void)classes, (void)jpeg_only, (void)counts_file;
+    std::cerr << "sluice-gen: --images needs the image layer (libjpeg62-turbo-dev, libspng-dev, "
+                 "libopencv-imgproc-dev), which this build was made without\n";
+    return 2;
+#endif
+}
+
 int run(int argc, char** argv) {
     std::string dir, format = "lines";
     std::uint64_t files = 8, records_each = 1000, record_size = 100, seed = 1, classes = 10;
     std::vector<std::string> fields;  // empty: one .bin member per tar sample, as always
-    bool vary = false, gzip = false, uneven = false;
+    bool vary = false, gzip = false, uneven = false, images = false, jpeg_only = false;
     std::string counts_file;
     for (int i = 1; i < argc; ++i) {
         std::string_view a = argv[i];
@@ -89,6 +163,8 @@ int run(int argc, char** argv) {
         else if (a == "--classes") classes = num();
         else if (a == "--fields" && i + 1 < argc) fields = parse_fields(argv[++i]);
         else if (a == "--vary") vary = true;
+        else if (a == "--images") images = true;
+        else if (a == "--jpeg-only") jpeg_only = true;
         else if (a == "--uneven") uneven = true;
         else if (a == "--counts" && i + 1 < argc) counts_file = argv[++i];
         else if (a == "--gzip") gzip = true;
@@ -113,6 +189,7 @@ int run(int argc, char** argv) {
         return 2;
     }
     std::filesystem::create_directories(dir);
+    if (images) return write_images(dir, format, files, records_each, seed, classes, jpeg_only, counts_file);
     sluice::detail::rng r(seed);
     std::uint64_t n_records = 0, n_samples = 0, payload = 0, crc_sum = 0;
     std::string rec, shard, counts;

@@ -9,10 +9,16 @@
 // stdout. Exit status: 0 done, 1 a source failed (the message names it), 2 bad usage.
 
 #include <sluice/sluice.hpp>
+#if defined(SLUICE_HAVE_IMAGE)
+#include <sluice/image.hpp>
+#endif
 
+#include <sys/resource.h>
 #include <zlib.h>
 
+#include <array>
 #include <charconv>
+#include <thread>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -35,9 +41,21 @@ S3 credentials, region and endpoint come from the AWS environment variables and 
 options:
   --format F             raw: one record per file; lines: per line (default);
                          chunks: no decoding, the sources' chunks counted (transfer rate);
-                         tar: per regular file in tar archives; tfrecord; recordio.
+                         tar: per regular file in tar archives; tfrecord; recordio;
+                         webdataset: tar members grouped into samples by key.
                          gzip'd shards (.gz or the gzip magic) are inflated, except
                          for raw (bytes as stored)
+  --images train|eval    decode JPEG/PNG images (raw: one per file; webdataset: the
+                         jpg/jpeg/png field, the label from .cls) and augment them:
+                         train = random-resized-crop + flip, eval = resize + centre
+                         crop; batches are one tensor each. "records" counts images;
+                         cpu_ms_per_record is the process's CPU time per image
+  --image-size N         output side (default 224); eval resizes the shorter side to
+                         N * 8/7 first (256 for 224)
+  --layout nchw|nhwc     image batch layout (default nchw)
+  --float                image batches as float32, normalised with ImageNet's mean and
+                         std (default: uint8 as decoded)
+  --decode-threads D     images decoded at once (default: CPU pool threads)
   --on-corrupt error|skip  corrupt records fail the run naming shard and byte offset
                          (default), or are skipped and counted (corrupt_skipped)
   --batch N              records per batch (default 32)
@@ -107,6 +125,10 @@ options:
 
 struct options {
     std::string format = "lines";
+    std::string images;  // "", "train" or "eval"
+    std::uint32_t image_size = 224;
+    bool nhwc = false, as_float = false;
+    unsigned decode_threads = 0;
     sluice::on_corrupt on_corrupt = sluice::on_corrupt::error;
     std::size_t max_record_bytes = std::size_t{1} << 30;
     std::size_t batch = 32;
@@ -170,8 +192,23 @@ options parse(int argc, char** argv) {
         } else if (a == "--format") {
             o.format = value();
             if (o.format != "raw" && o.format != "lines" && o.format != "tar" && o.format != "tfrecord" &&
-                o.format != "recordio" && o.format != "chunks")
+                o.format != "recordio" && o.format != "chunks" && o.format != "webdataset")
                 usage_error("unknown format '" + o.format + "'");
+        } else if (a == "--images") {
+            o.images = value();
+            if (o.images != "train" && o.images != "eval") usage_error("--images takes train or eval, not '" + o.images + "'");
+        } else if (a == "--image-size") {
+            o.image_size = number<std::uint32_t>(a, value());
+            if (o.image_size == 0) usage_error("--image-size must be at least 1");
+        } else if (a == "--layout") {
+            const std::string v(value());
+            if (v != "nchw" && v != "nhwc") usage_error("--layout takes nchw or nhwc, not '" + v + "'");
+            o.nhwc = v == "nhwc";
+        } else if (a == "--float") {
+            o.as_float = true;
+        } else if (a == "--decode-threads") {
+            o.decode_threads = number<unsigned>(a, value());
+            if (o.decode_threads == 0) usage_error("--decode-threads must be at least 1");
         } else if (a == "--on-corrupt") {
             const std::string v(value());
             if (v == "error") o.on_corrupt = sluice::on_corrupt::error;
@@ -474,6 +511,12 @@ int report(Batches batches, const sluice::pipeline_options& popts, const options
         else w.key("crc_sum").value("skipped");
         w.key("seconds").value(f.seconds);
         w.key("records_per_s").value(double(n_records) / s);
+        rusage ru{};
+        ::getrusage(RUSAGE_SELF, &ru);
+        const double cpu = double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+                           double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+        w.key("cpu_s").value(cpu);  // the whole process, start to end
+        w.key("cpu_ms_per_record").value(n_records ? cpu * 1e3 / double(n_records) : 0.0);
         w.key("bytes_per_s").value(double(payload) / s);
         w.key("corrupt_skipped").value(total_counter(f, "corrupt"));
         w.key("sink").value(!o.device ? (o.pinned ? "pinned" : "host")
@@ -485,6 +528,12 @@ int report(Batches batches, const sluice::pipeline_options& popts, const options
 
 int main(int argc, char** argv) {
     const options o = parse(argc, argv);
+    if (o.format == "webdataset" && o.images.empty())
+        usage_error("--format webdataset is read with --images train|eval (samples of an image and a label)");
+    if (!o.images.empty() && o.format != "raw" && o.format != "webdataset")
+        usage_error("--images reads --format raw (one image per file) or --format webdataset");
+    if (!o.images.empty() && (o.pinned || !o.write_counts.empty()))
+        usage_error("--images does not go with --pinned or --write-counts");
 
     // http(s) and s3 sources go through fetch(), local ones through read(); one kind per
     // run, told by the patterns (list files are expanded to see what they hold).
@@ -570,6 +619,43 @@ int main(int argc, char** argv) {
     }
     if (o.shuffle > 0) records = records | sluice::shuffle({.buffer = o.shuffle, .seed = o.seed.value_or(0)});
     auto batches = records | sluice::batch({.size = o.batch, .drop_last = o.drop_last, .concurrency = o.collate_threads, .out = {4, o.channel_bytes}});
+    if (!o.images.empty()) {
+#if defined(SLUICE_HAVE_IMAGE)
+        const unsigned threads =
+            o.decode_threads ? o.decode_threads : std::max(1u, o.threads ? o.threads : std::thread::hardware_concurrency());
+        sluice::image_options io{.mode = o.images == "train" ? sluice::image_mode::train : sluice::image_mode::eval,
+                                 .size = o.image_size,
+                                 .resize = o.image_size * 8 / 7,
+                                 .seed = o.seed,
+                                 .on_corrupt = o.on_corrupt,
+                                 .concurrency = threads,
+                                 .order = order};
+        // Loose files in ImageFolder's layout (sluice-gen --images): the label is the
+        // number in the directory name "class-LLL"; -1 elsewhere.
+        io.label_from = [](const std::string& url) -> std::int64_t {
+            const auto at = url.rfind("/class-");
+            if (at == std::string::npos) return -1;
+            std::int64_t v = -1;
+            const char* p = url.data() + at + 7;
+            std::from_chars(p, url.data() + url.size(), v);
+            return v;
+        };
+        if (o.format == "webdataset") io.label_from = nullptr;  // the .cls field
+        auto images = o.format == "raw" ? records | sluice::decode_images(io) : src | sluice::webdataset(decode) | sluice::decode_images(io);
+        if (o.shuffle > 0) images = images | sluice::shuffle({.buffer = o.shuffle, .seed = o.seed.value_or(0)});
+        batches = images | sluice::batch_images({.size = o.batch,
+                                                 .drop_last = o.drop_last,
+                                                 .layout = o.nhwc ? sluice::tensor_layout_kind::nhwc : sluice::tensor_layout_kind::nchw,
+                                                 .dtype = o.as_float ? sluice::pixel_type::float32 : sluice::pixel_type::uint8,
+                                                 .mean = o.as_float ? std::array{0.485f, 0.456f, 0.406f} : std::array{0.f, 0.f, 0.f},
+                                                 .std = o.as_float ? std::array{0.229f, 0.224f, 0.225f} : std::array{1.f, 1.f, 1.f},
+                                                 .concurrency = o.collate_threads,
+                                                 .out = {4, o.channel_bytes}});
+#else
+        usage_error("--images needs the image layer (libjpeg62-turbo-dev, libspng-dev, libopencv-imgproc-dev); this "
+                    "sluice-probe was built without it");
+#endif
+    }
     // What the configuration bounds: the three channels' bytes. On top: the shuffle buffer
     // (records), one chunk per reader, the batch being built and the batch the consumer
     // holds; freed buffers wait in the runtime's pool for reuse (not counted: they are

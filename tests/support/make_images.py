@@ -2,6 +2,7 @@
 """Writes the image variants the decoder tests use, and PIL's decoding of each.
 
     make_images.py OUT_DIR
+    make_images.py --reference FILE...    only PIL's decoding of each FILE (FILE.rgb, FILE.size)
 
 For every NAME.jpg / NAME.png: NAME.rgb, PIL's pixels (EXIF orientation applied,
 converted to RGB) as raw bytes, and NAME.size, "width height". For JPEGs also
@@ -19,6 +20,21 @@ import zlib
 
 import numpy as np
 from PIL import Image, ImageOps
+
+
+def reference(name):
+    """PIL's pixels of an image file (EXIF orientation applied, RGB) and its size."""
+    im = ImageOps.exif_transpose(Image.open(name)).convert("RGB")
+    with open(name + ".rgb", "wb") as f:
+        f.write(im.tobytes())
+    with open(name + ".size", "w") as f:
+        f.write("%d %d" % im.size)
+
+
+if sys.argv[1] == "--reference":
+    for name in sys.argv[2:]:
+        reference(name)
+    sys.exit(0)
 
 out = sys.argv[1]
 os.makedirs(out, exist_ok=True)
@@ -66,11 +82,7 @@ os.remove(ppm)
 for name in sorted(os.listdir(out)):
     if not name.endswith((".jpg", ".png")):
         continue
-    im = ImageOps.exif_transpose(Image.open(path(name))).convert("RGB")
-    with open(path(name) + ".rgb", "wb") as f:
-        f.write(im.tobytes())
-    with open(path(name) + ".size", "w") as f:
-        f.write("%d %d" % im.size)
+    reference(path(name))
     if name.endswith(".jpg") and not name.startswith("exif"):
         q = Image.open(path(name))
         q.draft("RGB", (q.size[0] // 4, q.size[1] // 4))
