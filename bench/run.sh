@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs each benchmark beside its peer, on the same data in the same run, and prints the
 # figures and ratios (one JSON object per line on stdout, a summary on stderr).
-#   bench/run.sh [channel|crc32c|local|formats|http|s3|memory|device|cache]...     (default: all)
+#   bench/run.sh [channel|crc32c|local|formats|http|s3|memory|device|cache|images]...     (default: all)
 # Data goes to build-release/bench-data (made once: 2.1 GiB of lines; for formats also
 # 2.1 GiB each of tar and TFRecord and a gzip'd copy of the TFRecord set).
 set -euo pipefail
@@ -15,7 +15,7 @@ field() { grep -o "\"$1\":[^,}]*" | head -1 | cut -d: -f2 | tr -d '"'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
 now() { date +%s.%N; }
 what=("$@")
-[ ${#what[@]} -eq 0 ] && what=(channel crc32c local formats http s3 memory device cache)
+[ ${#what[@]} -eq 0 ] && what=(channel crc32c local formats http s3 memory device cache images)
 
 data=$build/bench-data
 make_data() {
@@ -362,6 +362,44 @@ for w in "${what[@]}"; do
     echo "cache, 64 x 8 MiB: epoch 1 (fault server, 50 ms first byte, 16 in flight) $e1 GB/s; epoch 2 (cache) $best2 GB/s = $(ratio "$best2" "$e1") x; cat of the cached files $cat_gbs GB/s, ratio $(ratio "$best2" "$cat_gbs") (goal >= 0.8); epoch 2 parsed and batched $bestp GB/s, ratio $(ratio "$bestp" "$cat_gbs"); I/O loop CPU: epoch 1 $io1 s, epoch 2 $io2 s" >&2
     kill $fault_pid 2>/dev/null; wait $fault_pid 2>/dev/null; rm -rf "$work"; trap - EXIT
     ;;
-  *) echo "unknown benchmark $w (channel, crc32c, local, formats, http, s3, memory, device, cache)" >&2; exit 2 ;;
+  images)
+    # The image case study: the same JPEGs (loose files, and WebDataset shards of ~100 MB)
+    # read by a bare loop of the decode calls (the limit on these cores), by sluice-probe
+    # --images, and by PyTorch's DataLoader (2 workers, RandomResizedCrop + flip +
+    # PILToTensor); then each with a simulated GPU step of 256 ms per 256 images.
+    if ! cmake --build --preset release -j"$(nproc)" --target image_loop >/dev/null 2>&1; then
+      echo "images: skipped (no image layer in this build)" >&2; continue
+    fi
+    if ! /usr/bin/python3 -c 'import torch, torchvision' 2>/dev/null; then
+      echo "images: skipped (the peer needs python3-torch python3-torchvision for /usr/bin/python3)" >&2; continue
+    fi
+    n=${SLUICE_BENCH_IMAGES:-5000}
+    imgs=$data/images-$n
+    if [ ! -f "$imgs/done" ]; then
+      echo "generating $imgs: $n JPEGs, loose and as shards ..." >&2
+      rm -rf "$imgs"
+      "$build/examples/sluice-gen" "$imgs/loose" --images --jpeg-only --format raw --files "$n" --seed 11 > "$imgs/loose.json"
+      "$build/examples/sluice-gen" "$imgs/shards" --images --jpeg-only --format tar --files $(( (n + 1249) / 1250 )) --records 1250 --seed 11 > "$imgs/shards.json"
+      touch "$imgs/done"
+    fi
+    cat -- "$imgs"/loose/*/* "$imgs"/shards/* > /dev/null  # warm page cache: the CPU is measured
+    threads=$(nproc)
+    loop=$("$build/bench/image_loop" --threads "$threads" "$imgs/loose")
+    echo "$loop"
+    for kind in loose shards; do
+      if [ $kind = loose ]; then src=("--format" "raw" "$imgs/loose"); peer=(--loose "$imgs/loose");
+      else src=("--format" "webdataset" "$imgs/shards"); peer=(--shards "$imgs"/shards/*.tar); fi
+      s=$("$probe" --json --quiet --images train --batch 256 --threads "$threads" --seed 1 "${src[@]}")
+      t=$(/usr/bin/python3 bench/torch_images.py --workers 2 --batch 256 "${peer[@]}")
+      echo "$s" | grep -q '"ok":true' || { echo "$s" >&2; exit 1; }
+      sg=$("$probe" --json --quiet --images train --batch 256 --threads "$threads" --seed 1 --step-ms 256 "${src[@]}")
+      tg=$(/usr/bin/python3 bench/torch_images.py --workers 2 --batch 256 --step-ms 256 "${peer[@]}")
+      si=$(echo "$s" | field records_per_s); ti=$(echo "$t" | field images_per_s); li=$(echo "$loop" | field images_per_s)
+      sc=$(echo "$s" | field cpu_ms_per_record); tc=$(echo "$t" | field cpu_ms_per_image); lc=$(echo "$loop" | field cpu_ms_per_image)
+      echo "{\"bench\":\"images\",\"data\":\"$kind\",\"images\":$n,\"sluice_images_per_s\":$si,\"dataloader_images_per_s\":$ti,\"bare_loop_images_per_s\":$li,\"ratio_to_dataloader\":$(ratio "$si" "$ti"),\"ratio_to_bare_loop\":$(ratio "$si" "$li"),\"sluice_cpu_ms_per_image\":$sc,\"dataloader_cpu_ms_per_image\":$tc,\"bare_loop_cpu_ms_per_image\":$lc,\"cpu_ratio_to_dataloader\":$(ratio "$sc" "$tc"),\"sluice_peak_rss_bytes\":$(echo "$s" | field peak_rss_bytes),\"dataloader_peak_rss_bytes\":$(echo "$t" | field peak_rss_bytes),\"sluice_gpu_wait_share\":$(echo "$sg" | field step_wait_share),\"dataloader_gpu_wait_share\":$(echo "$tg" | field step_wait_share)}"
+      echo "images ($kind, $n JPEGs, $threads cores): sluice $si img/s ($sc CPU-ms/img), DataLoader $ti img/s ($tc CPU-ms/img), bare loop $li img/s ($lc CPU-ms/img): $(ratio "$si" "$ti") x DataLoader (goal >= 2), $(ratio "$sc" "$tc") x its CPU per image (goal <= 0.5), $(ratio "$si" "$li") x the bare loop (goal >= 0.9); GPU step waiting: sluice $(echo "$sg" | field step_wait_share), DataLoader $(echo "$tg" | field step_wait_share)" >&2
+    done
+    ;;
+  *) echo "unknown benchmark $w (channel, crc32c, local, formats, http, s3, memory, device, cache, images)" >&2; exit 2 ;;
   esac
 done

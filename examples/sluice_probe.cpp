@@ -18,6 +18,7 @@
 
 #include <array>
 #include <charconv>
+#include <chrono>
 #include <thread>
 #include <cstdio>
 #include <cstring>
@@ -56,6 +57,9 @@ options:
   --float                image batches as float32, normalised with ImageNet's mean and
                          std (default: uint8 as decoded)
   --decode-threads D     images decoded at once (default: CPU pool threads)
+  --step-ms MS           after each batch, sleep MS per 256 records (a simulated GPU
+                         step); --json then gives step_wait_share, the share of the
+                         loop spent waiting for batches (what the GPU would idle)
   --on-corrupt error|skip  corrupt records fail the run naming shard and byte offset
                          (default), or are skipped and counted (corrupt_skipped)
   --batch N              records per batch (default 32)
@@ -129,6 +133,7 @@ struct options {
     std::uint32_t image_size = 224;
     bool nhwc = false, as_float = false;
     unsigned decode_threads = 0;
+    double step_ms = 0;
     sluice::on_corrupt on_corrupt = sluice::on_corrupt::error;
     std::size_t max_record_bytes = std::size_t{1} << 30;
     std::size_t batch = 32;
@@ -206,6 +211,8 @@ options parse(int argc, char** argv) {
             o.nhwc = v == "nhwc";
         } else if (a == "--float") {
             o.as_float = true;
+        } else if (a == "--step-ms") {
+            o.step_ms = number<double>(a, value());
         } else if (a == "--decode-threads") {
             o.decode_threads = number<unsigned>(a, value());
             if (o.decode_threads == 0) usage_error("--decode-threads must be at least 1");
@@ -438,9 +445,27 @@ int report(Batches batches, const sluice::pipeline_options& popts, const options
             return 1;
         }
     }
+    // --step-ms: a simulated trainer step after each batch; the time the loop waits for
+    // the next batch is what a GPU would idle.
+    using clock = std::chrono::steady_clock;
+    const auto loop_start = clock::now();
+    auto last = loop_start;
+    double waited_s = 0;
+    struct step_after {
+        const options& o;
+        std::size_t n;
+        clock::time_point& last;
+        ~step_after() {
+            if (o.step_ms > 0)
+                std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(o.step_ms * double(n) / 256));
+            last = clock::now();
+        }
+    };
     try {
         if (o.stop_after && *o.stop_after == 0) p.start();
         else for (auto& b : p) {
+            waited_s += std::chrono::duration<double>(clock::now() - last).count();
+            step_after step{o, b.size(), last};
             ++n_batches;
             if (keys.is_open()) {
                 const sluice::host_batch* hb;
@@ -519,6 +544,10 @@ int report(Batches batches, const sluice::pipeline_options& popts, const options
         w.key("cpu_ms_per_record").value(n_records ? cpu * 1e3 / double(n_records) : 0.0);
         w.key("bytes_per_s").value(double(payload) / s);
         w.key("corrupt_skipped").value(total_counter(f, "corrupt"));
+        if (o.step_ms > 0) {
+            const double loop_s = std::chrono::duration<double>(last - loop_start).count();
+            w.key("step_wait_share").value(loop_s > 0 ? waited_s / loop_s : 0.0);
+        }
         w.key("sink").value(!o.device ? (o.pinned ? "pinned" : "host")
                             : *o.device < 0 ? "host engine" : "cuda:" + std::to_string(*o.device));
         finish_report(w, f, http, budget_bytes);

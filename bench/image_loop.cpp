@@ -1,0 +1,76 @@
+// The limit for an image pipeline on these cores: a bare loop over the same files making
+// the same calls as sluice's decode_images stage — read the file, read the header, choose
+// the random crop, decode it (crop + DCT scaling), resize, flip — on T threads, with no
+// pipeline around it (no channels, no batching). bench/images.sh runs it beside
+// sluice-probe --images and PyTorch's DataLoader.
+//
+//   image_loop [--threads T] [--size S] FILE...     (or a directory, read recursively)
+//
+// Prints one JSON object: images, seconds, images_per_s, cpu_ms_per_image.
+#include <sluice/image/augment.hpp>
+#include <sluice/image/codec.hpp>
+
+#include <sys/resource.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+int main(int argc, char** argv) {
+    unsigned threads = 2;
+    std::uint32_t size = 224;
+    std::vector<std::string> files;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "--threads" && i + 1 < argc) threads = unsigned(std::stoul(argv[++i]));
+        else if (a == "--size" && i + 1 < argc) size = std::uint32_t(std::stoul(argv[++i]));
+        else if (std::filesystem::is_directory(a)) {
+            for (auto& e : std::filesystem::recursive_directory_iterator(a))
+                if (e.is_regular_file()) files.push_back(e.path().string());
+        } else files.push_back(a);
+    }
+    std::sort(files.begin(), files.end());
+    std::atomic<std::size_t> next{0}, done{0}, failed{0};
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> pool;
+    for (unsigned t = 0; t < threads; ++t)
+        pool.emplace_back([&] {
+            namespace im = sluice::imaging;
+            im::scratch s;
+            im::plane crop;
+            std::vector<std::uint8_t> out(std::size_t(size) * size * 3), data;
+            const im::random_crop rc;
+            for (std::size_t i; (i = next.fetch_add(1)) < files.size();) {
+                std::ifstream f(files[i], std::ios::binary | std::ios::ate);
+                data.resize(std::size_t(f.tellg()));
+                f.seekg(0);
+                f.read(reinterpret_cast<char*>(data.data()), std::streamsize(data.size()));
+                try {
+                    const std::span<const std::uint8_t> d(data.data(), data.size());
+                    const auto h = im::read_header(d);
+                    auto r = im::image_rng(1, 0, files[i]);
+                    const auto region = im::choose_random_crop(h.width, h.height, rc, r);
+                    im::decode(d, region, size, size, crop, s);
+                    im::resize(crop, size, size, out.data());
+                    if (r.next() >> 63) im::flip_horizontal(out.data(), size, size);
+                    ++done;
+                } catch (const im::bad_image&) {
+                    ++failed;
+                }
+            }
+        });
+    for (auto& t : pool) t.join();
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    rusage ru{};
+    ::getrusage(RUSAGE_SELF, &ru);
+    const double cpu = double(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + double(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+    std::printf("{\"images\":%zu,\"failed\":%zu,\"threads\":%u,\"seconds\":%.3f,\"images_per_s\":%.1f,\"cpu_ms_per_image\":%.3f}\n",
+                done.load(), failed.load(), threads, secs, double(done) / secs, done ? cpu * 1e3 / double(done) : 0.0);
+    return failed ? 1 : 0;
+}
