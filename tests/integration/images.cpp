@@ -115,3 +115,16 @@ TEST_CASE("sluice-probe --images reads loose files and WebDataset shards: every 
     CHECK(json_u64(skipped.out, "records") == 29);
     CHECK(json_u64(skipped.out, "corrupt_skipped") == 1);
 }
+
+TEST_CASE("the image-input example trains' input side: float32 NCHW batches with labels, through DLPack", "[images]") {
+    sluice_test::temp_dir d;
+    REQUIRE(gen(d.path().string(), {"--format", "tar", "--files", "2", "--records", "40", "--jpeg-only"}).status == 0);
+    auto r = run({SLUICE_IMAGE_INPUT, d / "shard-*.tar", "2"});
+    INFO(r.err);
+    REQUIRE(r.status == 0);
+    CHECK_THAT(r.out, Catch::Contains("batch: images [64, 3, 224, 224] float32, labels [64]") &&
+                          Catch::Contains("160 images in") && Catch::Contains("images/s"));
+    auto missing = run({SLUICE_IMAGE_INPUT, d / "nothing-*.tar"});
+    CHECK(missing.status == 1);
+    CHECK_THAT(missing.err, Catch::Contains("nothing-*.tar"));
+}
