@@ -22,3 +22,13 @@ echo "sluice-probe --epochs 2 --shuffle 10000 --seed 17 --batch 256 --json '$dat
 "$build/examples/sluice-probe" --epochs 2 --shuffle 10000 --seed 17 --batch 256 --json "$@" \
   "$data/shards/shard-{000000..000015}.txt"
 echo "the dataset holds, per epoch: $(cat "$data/expected.json")" >&2
+# Images, where the image layer was built: 1,000 synthetic photos in WebDataset shards,
+# decoded, randomly cropped to 224x224, flipped and batched.
+if [ -f "$data/images.json" ] ||
+   "$build/examples/sluice-gen" "$data/images" --images --format tar --files 2 --records 500 --seed 1 > "$data/images.json" 2>/dev/null ||
+   { rm -f "$data/images.json"; false; }; then
+  echo "sluice-probe --images train --format webdataset --batch 256 --json '$data/images/shard-*.tar'" >&2
+  "$build/examples/sluice-probe" --images train --format webdataset --batch 256 --json "$data/images/shard-*.tar"
+else
+  echo "(no image layer in this build: the image demo is left out)" >&2
+fi
