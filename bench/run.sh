@@ -397,8 +397,23 @@ for w in "${what[@]}"; do
       si=$(echo "$s" | field records_per_s); ti=$(echo "$t" | field images_per_s); li=$(echo "$loop" | field images_per_s)
       sc=$(echo "$s" | field cpu_ms_per_record); tc=$(echo "$t" | field cpu_ms_per_image); lc=$(echo "$loop" | field cpu_ms_per_image)
       echo "{\"bench\":\"images\",\"data\":\"$kind\",\"images\":$n,\"sluice_images_per_s\":$si,\"dataloader_images_per_s\":$ti,\"bare_loop_images_per_s\":$li,\"ratio_to_dataloader\":$(ratio "$si" "$ti"),\"ratio_to_bare_loop\":$(ratio "$si" "$li"),\"sluice_cpu_ms_per_image\":$sc,\"dataloader_cpu_ms_per_image\":$tc,\"bare_loop_cpu_ms_per_image\":$lc,\"cpu_ratio_to_dataloader\":$(ratio "$sc" "$tc"),\"sluice_peak_rss_bytes\":$(echo "$s" | field peak_rss_bytes),\"dataloader_peak_rss_bytes\":$(echo "$t" | field peak_rss_bytes),\"sluice_gpu_wait_share\":$(echo "$sg" | field step_wait_share),\"dataloader_gpu_wait_share\":$(echo "$tg" | field step_wait_share)}"
+      if [ $kind = loose ]; then local_ips=$si; fi
       echo "images ($kind, $n JPEGs, $threads cores): sluice $si img/s ($sc CPU-ms/img), DataLoader $ti img/s ($tc CPU-ms/img), bare loop $li img/s ($lc CPU-ms/img): $(ratio "$si" "$ti") x DataLoader (goal >= 2), $(ratio "$sc" "$tc") x its CPU per image (goal <= 0.5), $(ratio "$si" "$li") x the bare loop (goal >= 0.9); GPU step waiting: sluice $(echo "$sg" | field step_wait_share), DataLoader $(echo "$tg" | field step_wait_share)" >&2
     done
+    # The loose files as objects behind a 50 ms first byte (the fault server): is the
+    # latency hidden? Goal: >= 0.9 x sluice's own local rate.
+    work=$(mktemp -d)
+    python3 tests/support/fault_server.py "$imgs/loose" --ttfb-ms 50 > "$work/fault.out" 2>&1 & fault_pid=$!
+    trap 'kill $fault_pid 2>/dev/null; wait $fault_pid 2>/dev/null; rm -rf "$work"' EXIT
+    for i in $(seq 100); do grep -q port "$work/fault.out" && break; sleep 0.1; done
+    port=$(cut -d' ' -f2 < "$work/fault.out")
+    (cd "$imgs/loose" && find . -type f | sort | sed "s|^\./|http://127.0.0.1:$port/|") > "$work/urls"
+    h=$("$probe" --json --quiet --images train --batch 256 --threads "$threads" --seed 1 --in-flight 64 --format raw "@$work/urls")
+    echo "$h" | grep -q '"ok":true' || { echo "$h" >&2; exit 1; }
+    hi=$(echo "$h" | field records_per_s)
+    echo "{\"bench\":\"images_remote\",\"images\":$n,\"ttfb_ms\":50,\"in_flight\":64,\"sluice_images_per_s\":$hi,\"local_images_per_s\":$local_ips,\"ratio_to_local\":$(ratio "$hi" "$local_ips"),\"cpu_ms_per_image\":$(echo "$h" | field cpu_ms_per_record)}"
+    echo "images behind a 50 ms first byte (64 in flight): $hi img/s, $(ratio "$hi" "$local_ips") x local (goal >= 0.9)" >&2
+    kill $fault_pid 2>/dev/null; wait $fault_pid 2>/dev/null; rm -rf "$work"; trap - EXIT
     ;;
   *) echo "unknown benchmark $w (channel, crc32c, local, formats, http, s3, memory, device, cache, images)" >&2; exit 2 ;;
   esac
