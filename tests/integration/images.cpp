@@ -128,3 +128,36 @@ TEST_CASE("the image-input example trains' input side: float32 NCHW batches with
     CHECK(missing.status == 1);
     CHECK_THAT(missing.err, Catch::Contains("nothing-*.tar"));
 }
+
+TEST_CASE("images resume exactly: a run cut after a batch and resumed gives the same images, pixel for pixel", "[images]") {
+    sluice_test::temp_dir d;
+    const auto counts = d / "counts";
+    REQUIRE(gen(d / "shards", {"--format", "tar", "--files", "3", "--records", "12", "--jpeg-only", "--counts", counts})
+                .status == 0);
+    const std::vector<std::string> args{"--images", "train", "--format", "webdataset", d / "shards", "--batch", "5",
+                                        "--epochs", "2", "--shuffle", "7", "--seed", "4", "--deterministic",
+                                        "--counts", counts, "--image-size", "64"};
+    auto with = [&](std::vector<std::string> more) {
+        auto a = args;
+        a.insert(a.end(), more.begin(), more.end());
+        return a;
+    };
+    auto whole = probe(with({"--emit-keys", d / "whole.keys"}));
+    INFO(whole.err);
+    REQUIRE(whole.status == 0);
+    REQUIRE(json_u64(whole.out, "records") == 72);
+    for (std::string cut : {"3", "8"}) {
+        INFO("cut after " << cut << " batches");
+        auto a = probe(with({"--stop-after-batches", cut, "--save-state", d / "state", "--emit-keys", d / "a.keys"}));
+        REQUIRE(a.status == 0);
+        auto b = probe(with({"--resume", d / "state", "--emit-keys", d / "b.keys"}));
+        INFO(b.err);
+        REQUIRE(b.status == 0);
+        // The same images (keys), and the same pixels: the crops and flips of the
+        // resumed run are those the whole run drew (crc32 summed over every image).
+        CHECK(sluice_test::slurp_file(d / "a.keys") + sluice_test::slurp_file(d / "b.keys") ==
+              sluice_test::slurp_file(d / "whole.keys"));
+        CHECK(json_u64(a.out, "crc_sum") + json_u64(b.out, "crc_sum") == json_u64(whole.out, "crc_sum"));
+        CHECK(json_u64(a.out, "records") + json_u64(b.out, "records") == 72);
+    }
+}
