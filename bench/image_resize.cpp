@@ -1,7 +1,8 @@
 // Which library resizes image crops fastest, with antialiasing, on these cores (issue 15).
 //
-//   g++ -std=c++20 -O2 bench/image_resize.cpp -o /tmp/image_resize \
-//       $(pkg-config --cflags --libs libswscale opencv4) && /tmp/image_resize [N]
+//   cmake --build --preset release --target image_resize && build-release/bench/image_resize [N]
+//   (or: g++ -std=c++20 -O2 -DNDEBUG bench/image_resize.cpp -I/usr/include/opencv4 -lswscale
+//        -lopencv_imgproc -lopencv_core)
 //
 // One synthetic 500x375 RGB photo-like image; N random-resized crops (torchvision's
 // geometry: 8-100 % of the area, aspect 3/4-4/3), each resized to 224x224 by every

@@ -288,7 +288,8 @@ inline host_batch collate_images(std::vector<image>& g, buffer_source& mem, cons
 /// Collated straight into to_device's staging memory when to_device follows. Epochs
 /// never mix (as batch()); resumable.
 /// Example: `| sluice::batch_images({.size = 256, .layout = sluice::tensor_layout_kind::nchw})`
-inline stage<image, host_batch> batch_images(image_batch_options o = {}) {
+template <class = void>  // compiled only where used (see make_stage)
+stage<image, host_batch> batch_images(image_batch_options o = {}) {
     const batch_options bo{.size = o.size, .drop_last = o.drop_last, .memory = o.memory, .concurrency = o.concurrency,
                            .epochs = o.epochs, .out = o.out};
     return detail::collating_batch<image>(bo, [o](std::vector<image>& g, buffer_source& mem) {
