@@ -360,7 +360,7 @@ for w in "${what[@]}"; do
     cat_gbs=$(best_of_3 sh -c "cat '$work/c'/[!.]* > /dev/null")
     echo "{\"bench\":\"cache_epochs\",\"bytes\":$bytes,\"objects\":64,\"epoch1_fault_server_gb_per_s\":$e1,\"epoch2_cache_gb_per_s\":$best2,\"epoch2_parsed_batched_gb_per_s\":$bestp,\"cat_gb_per_s\":$cat_gbs,\"speedup\":$(ratio "$best2" "$e1"),\"ratio_to_cat\":$(ratio "$best2" "$cat_gbs"),\"parsed_batched_ratio_to_cat\":$(ratio "$bestp" "$cat_gbs"),\"epoch1_io_loop_cpu_s\":$io1,\"epoch2_io_loop_cpu_s\":$io2}"
     echo "cache, 64 x 8 MiB: epoch 1 (fault server, 50 ms first byte, 16 in flight) $e1 GB/s; epoch 2 (cache) $best2 GB/s = $(ratio "$best2" "$e1") x; cat of the cached files $cat_gbs GB/s, ratio $(ratio "$best2" "$cat_gbs") (goal >= 0.8); epoch 2 parsed and batched $bestp GB/s, ratio $(ratio "$bestp" "$cat_gbs"); I/O loop CPU: epoch 1 $io1 s, epoch 2 $io2 s" >&2
-    kill $fault_pid 2>/dev/null; wait $fault_pid 2>/dev/null; rm -rf "$work"; trap - EXIT
+    kill $fault_pid 2>/dev/null; wait $fault_pid 2>/dev/null || true; rm -rf "$work"; trap - EXIT
     ;;
   images)
     # The image case study: the same JPEGs (loose files, and WebDataset shards of ~100 MB)
@@ -413,7 +413,7 @@ for w in "${what[@]}"; do
     hi=$(echo "$h" | field records_per_s)
     echo "{\"bench\":\"images_remote\",\"images\":$n,\"ttfb_ms\":50,\"in_flight\":64,\"sluice_images_per_s\":$hi,\"local_images_per_s\":$local_ips,\"ratio_to_local\":$(ratio "$hi" "$local_ips"),\"cpu_ms_per_image\":$(echo "$h" | field cpu_ms_per_record)}"
     echo "images behind a 50 ms first byte (64 in flight): $hi img/s, $(ratio "$hi" "$local_ips") x local (goal >= 0.9)" >&2
-    kill $fault_pid 2>/dev/null; wait $fault_pid 2>/dev/null; rm -rf "$work"; trap - EXIT
+    kill $fault_pid 2>/dev/null; wait $fault_pid 2>/dev/null || true; rm -rf "$work"; trap - EXIT
     ;;
   *) echo "unknown benchmark $w (channel, crc32c, local, formats, http, s3, memory, device, cache, images)" >&2; exit 2 ;;
   esac
