@@ -253,10 +253,12 @@ inline host_batch collate_images(std::vector<image>& g, buffer_source& mem, cons
         if (o.dtype == pixel_type::uint8) {
             if (o.layout == tensor_layout_kind::nhwc) {
                 std::memcpy(dst, src, per);
-            } else {
+            } else {  // HWC -> CHW: OpenCV's split deinterleaves with SIMD
                 auto* d = reinterpret_cast<std::uint8_t*>(dst);
-                for (std::size_t p = 0; p < px; ++p)
-                    for (int c = 0; c < 3; ++c) d[c * px + p] = src[p * 3 + c];
+                const cv::Mat hwc(int(h), int(w), CV_8UC3, const_cast<std::uint8_t*>(src));
+                cv::Mat planes[3] = {cv::Mat(int(h), int(w), CV_8UC1, d), cv::Mat(int(h), int(w), CV_8UC1, d + px),
+                                     cv::Mat(int(h), int(w), CV_8UC1, d + 2 * px)};
+                cv::split(hwc, planes);
             }
         } else {
             auto* d = reinterpret_cast<float*>(dst);

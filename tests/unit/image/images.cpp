@@ -284,3 +284,30 @@ TEST_CASE("image batches are collated straight into to_device's staging memory, 
         CHECK(sluice_test::counter(p.figures(), "to_device", "unstaged") == 0);
     }
 }
+
+TEST_CASE("NCHW and NHWC batches hold the same pixels, transposed", "[image]") {
+    std::vector<sluice::record> recs;
+    auto s = shard_of("layouts.tar");
+    for (std::uint64_t i = 0; i < 6; ++i) recs.push_back(rec(png_with_square(70 + i, 50, i, 2 * i, 12, true), s, i));
+    auto batch_of = [&](sluice::tensor_layout_kind layout) {
+        std::vector<sluice::host_batch> out;
+        for (auto& b : sluice::pipeline(sluice::from(recs) |
+                                        sluice::decode_images({.mode = sluice::image_mode::eval, .size = 40, .resize = 46}) |
+                                        sluice::batch_images({.size = 6, .layout = layout})))
+            out.push_back(b);
+        REQUIRE(out.size() == 1);
+        return out[0];
+    };
+    const auto nchw = batch_of(sluice::tensor_layout_kind::nchw), nhwc = batch_of(sluice::tensor_layout_kind::nhwc);
+    REQUIRE(nchw.data.size() == 6 * 40 * 40 * 3);
+    REQUIRE(nhwc.data.size() == nchw.data.size());
+    const auto* a = reinterpret_cast<const std::uint8_t*>(nchw.data.data());
+    const auto* b = reinterpret_cast<const std::uint8_t*>(nhwc.data.data());
+    const std::size_t px = 40 * 40;
+    std::size_t differ = 0;
+    for (std::size_t n = 0; n < 6; ++n)
+        for (std::size_t p = 0; p < px; ++p)
+            for (std::size_t c = 0; c < 3; ++c) differ += a[n * 3 * px + c * px + p] != b[n * 3 * px + p * 3 + c];
+    CHECK(differ == 0);
+    CHECK(std::memcmp(a, b, nchw.data.size()) != 0);  // a transposition, not the same bytes
+}
