@@ -165,6 +165,21 @@ TEST_CASE("training images are the same in every run, ordered or not, and differ
     CHECK(across_epochs == 0);  // the same image in another epoch: another crop
 }
 
+TEST_CASE("flip_horizontal mirrors each row and keeps the rows in place", "[image]") {
+    // 3 x 2 RGB: pixel (x, y) holds (10y + x, 100 + x, 200 + y).
+    std::vector<std::uint8_t> px;
+    for (std::uint8_t y = 0; y < 2; ++y)
+        for (std::uint8_t x = 0; x < 3; ++x) px.insert(px.end(), {std::uint8_t(10 * y + x), std::uint8_t(100 + x), std::uint8_t(200 + y)});
+    sluice::imaging::flip_horizontal(px.data(), 3, 2);
+    for (std::uint8_t y = 0; y < 2; ++y)
+        for (std::uint8_t x = 0; x < 3; ++x) {
+            const auto* p = &px[(y * 3 + x) * 3];
+            CHECK(int(p[0]) == 10 * y + (2 - x));
+            CHECK(int(p[1]) == 100 + (2 - x));
+            CHECK(int(p[2]) == 200 + y);
+        }
+}
+
 TEST_CASE("flip mirrors the image: a square left of centre lands right of it", "[image]") {
     const auto png = png_with_square(200, 200, 20, 90, 20);
     // Full-image crops (scale 1, ratio 1) so only the flip varies; some keys flip, some not.
