@@ -1,6 +1,6 @@
 // The limit for an image pipeline on these cores: a bare loop over the same files making
-// the same calls as sluice's decode_images stage — read the file, read the header, choose
-// the random crop, decode it (crop + DCT scaling), resize, flip — on T threads, with no
+// the same calls as sluice's decode_images stage — read the file, choose the random crop
+// from the header, decode it (crop + DCT scaling), resize, flip — on T threads, with no
 // pipeline around it (no channels, no batching). bench/images.sh runs it beside
 // sluice-probe --images and PyTorch's DataLoader.
 //
@@ -53,9 +53,8 @@ int main(int argc, char** argv) {
                 f.read(reinterpret_cast<char*>(data.data()), std::streamsize(data.size()));
                 try {
                     const std::span<const std::uint8_t> d(data.data(), data.size());
-                    const auto h = im::read_header(d);
                     auto r = im::image_rng(1, 0, files[i]);
-                    const auto region = im::choose_random_crop(h.width, h.height, rc, r);
+                    auto region = [&](const im::header& h) { return im::choose_random_crop(h.width, h.height, rc, r); };
                     im::decode(d, region, size, size, crop, s);
                     im::resize(crop, size, size, out.data());
                     if (r.next() >> 63) im::flip_horizontal(out.data(), size, size);

@@ -34,6 +34,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <jpeglib.h>
@@ -370,13 +371,22 @@ struct scratch {
 /// Decodes region `crop` (displayed coordinates, inside the image) of `data` into `out`:
 /// at full scale, or for JPEG at 1/2, 1/4 or 1/8 when the region stays at least
 /// min_w x min_h at that scale (out.w, out.h tell which). Throws bad_image.
-inline void decode(std::span<const std::uint8_t> data, rect crop, std::uint32_t min_w, std::uint32_t min_h, plane& out,
-                   scratch& s, std::uint64_t max_pixels = default_max_pixels) {
-    if (crop.w == 0 || crop.h == 0) throw bad_image("empty crop");
+/// The same with the region chosen from the header, `rect choose(const header&)`: the
+/// header is read once (augmentation picks its crop from the image's size).
+template <class Choose>
+    requires std::is_invocable_r_v<rect, Choose&, const header&>
+void decode(std::span<const std::uint8_t> data, Choose choose, std::uint32_t min_w, std::uint32_t min_h, plane& out,
+            scratch& s, std::uint64_t max_pixels = default_max_pixels) {
+    auto checked = [&](const header& h) {
+        const rect crop = choose(h);
+        if (crop.w == 0 || crop.h == 0) throw bad_image("empty crop");
+        if (crop.x + crop.w > h.width || crop.y + crop.h > h.height) throw bad_image("crop outside the image");
+        return crop;
+    };
     if (detail::is_jpeg(data)) {
         detail::jpeg_reader r;
         const header h = detail::jpeg_header(r, data, max_pixels);
-        if (crop.x + crop.w > h.width || crop.y + crop.h > h.height) throw bad_image("crop outside the image");
+        const rect crop = checked(h);
         unsigned denom = 1;
         while (denom < 8 && crop.w / (denom * 2) >= min_w && crop.h / (denom * 2) >= min_h) denom *= 2;
         const rect st = detail::stored_rect(h.orientation, h.width, h.height, crop);
@@ -401,7 +411,7 @@ inline void decode(std::span<const std::uint8_t> data, rect crop, std::uint32_t 
     if (detail::is_png(data)) {
         detail::spng_holder p;
         const header h = detail::png_header(p, data, max_pixels);
-        if (crop.x + crop.w > h.width || crop.y + crop.h > h.height) throw bad_image("crop outside the image");
+        const rect crop = checked(h);
         std::size_t n = 0;
         detail::spng_check(spng_decoded_image_size(p.ctx, SPNG_FMT_RGB8, &n), "size");
         const bool whole = crop.x == 0 && crop.y == 0 && crop.w == h.width && crop.h == h.height;
@@ -421,12 +431,18 @@ inline void decode(std::span<const std::uint8_t> data, rect crop, std::uint32_t 
     throw bad_image("not an image: " + detail::what_it_is(data));
 }
 
+/// Decodes region `crop` (displayed coordinates, inside the image); see above.
+inline void decode(std::span<const std::uint8_t> data, rect crop, std::uint32_t min_w, std::uint32_t min_h, plane& out,
+                   scratch& s, std::uint64_t max_pixels = default_max_pixels) {
+    decode(data, [crop](const header&) { return crop; }, min_w, min_h, out, s, max_pixels);
+}
+
 /// The whole image at full scale, displayed orientation.
 inline plane decode(std::span<const std::uint8_t> data, std::uint64_t max_pixels = default_max_pixels) {
-    const header h = read_header(data, max_pixels);
     plane out;
     scratch s;
-    decode(data, {0, 0, h.width, h.height}, h.width, h.height, out, s, max_pixels);
+    // min = the whole size: never scaled (no crop is larger than the image).
+    decode(data, [](const header& h) { return rect{0, 0, h.width, h.height}; }, ~0u, ~0u, out, s, max_pixels);
     return out;
 }
 

@@ -136,12 +136,13 @@ image decode_one(const In& in, const image_options& o, image_worker_state& w, bu
         throw imaging::bad_image("no image field (looked for " + want + ")");
     }
     const auto encoded = std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(data->data()), data->size());
-    const imaging::header h = imaging::read_header(encoded, o.max_pixels);
     const std::uint32_t epoch = in.source ? in.source->epoch : 0;
     auto r = imaging::image_rng(o.seed.value_or(0), epoch, image_key(in));
-    const imaging::rect region = o.mode == image_mode::train
-                                     ? imaging::choose_random_crop(h.width, h.height, o.crop, r)
-                                     : imaging::choose_center_crop(h.width, h.height, o.resize, o.size, o.size);
+    // The crop comes from the header's size; the decoder reads the header once.
+    auto region = [&](const imaging::header& h) {
+        return o.mode == image_mode::train ? imaging::choose_random_crop(h.width, h.height, o.crop, r)
+                                           : imaging::choose_center_crop(h.width, h.height, o.resize, o.size, o.size);
+    };
     imaging::decode(encoded, region, o.size, o.size, w.crop, w.scratch, o.max_pixels);
     image out;
     out.width = out.height = o.size;
