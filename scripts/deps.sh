@@ -18,8 +18,9 @@ test_deps=0
 [ "${1:-}" = "--test" ] && test_deps=1
 packages=(g++ make cmake libasio-dev catch2 zlib1g-dev libcurl4-openssl-dev libpugixml-dev libdlpack-dev ccache
           libjpeg62-turbo-dev libspng-dev libopencv-imgproc-dev)
-# The tests also check decoded images against PIL's (Debian's python3-pil, with numpy).
-[ $test_deps = 1 ] && packages+=(python3 clang libclang-rt-dev nginx python3-pil python3-numpy)
+# The tests also check decoded images against PIL's (Debian's python3-pil, with numpy), and
+# restart-marker JPEGs made by libjpeg-turbo's cjpeg (libjpeg-turbo-progs).
+[ $test_deps = 1 ] && packages+=(python3 clang libclang-rt-dev nginx python3-pil python3-numpy libjpeg-turbo-progs)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

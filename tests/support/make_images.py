@@ -68,6 +68,8 @@ for o in (2, 3, 5, 6, 8):
     exif = img.getexif()
     exif[0x0112] = o
     img.save(path("exif%d.jpg" % o), quality=90, exif=exif.tobytes())
+    if o in (3, 6):
+        img.save(path("exif%d.png" % o), exif=exif.tobytes())  # PNG's eXIf chunk
 # Restart markers: PIL 9.4 cannot write them; libjpeg-turbo's cjpeg can.
 ppm = path("source.ppm")
 img.save(ppm)

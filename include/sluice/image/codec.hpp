@@ -15,8 +15,8 @@
 //
 // Colour: everything becomes 8-bit RGB. JPEG grayscale is expanded by libjpeg, CMYK and
 // YCCK (Adobe, inverted) are converted here; PNG palette, grayscale, 16-bit and alpha by
-// libspng (alpha is dropped, as PIL's convert("RGB") does). EXIF orientation (JPEG APP1)
-// is applied: sizes and crops are in the displayed orientation. PNG's eXIf is not read.
+// libspng (alpha is dropped, as PIL's convert("RGB") does). EXIF orientation (JPEG APP1,
+// PNG eXIf) is applied: sizes and crops are in the displayed orientation.
 //
 // Bad input never ends the process: libjpeg's error_exit (which calls exit() by default)
 // returns here through longjmp from functions that hold no C++ objects, and becomes an
@@ -99,10 +99,14 @@ inline std::string what_it_is(std::span<const std::uint8_t> d) {
 
 /// The orientation tag (0x0112) of IFD0 in an APP1 "Exif\0\0" payload; 1 when absent or
 /// malformed (a bad EXIF block does not make the image unreadable).
+inline int tiff_orientation(const std::uint8_t* p, std::size_t n);
 inline int exif_orientation(const std::uint8_t* p, std::size_t n) {
     if (n < 14 || std::memcmp(p, "Exif\0\0", 6) != 0) return 1;
-    p += 6;
-    n -= 6;
+    return tiff_orientation(p + 6, n - 6);
+}
+/// The same from the TIFF structure itself (PNG's eXIf chunk holds it without the prefix).
+inline int tiff_orientation(const std::uint8_t* p, std::size_t n) {
+    if (n < 8) return 1;
     bool le;
     if (p[0] == 'I' && p[1] == 'I') le = true;
     else if (p[0] == 'M' && p[1] == 'M') le = false;
@@ -341,8 +345,15 @@ inline header png_header(spng_holder& s, std::span<const std::uint8_t> d, std::u
                         " pixels is over max_pixels (" + std::to_string(max_pixels) + "): refused before decoding");
     header h;
     h.fmt = format::png;
-    h.width = ihdr.width;
-    h.height = ihdr.height;
+    // eXIf (before the image data): its orientation, as for JPEG. A malformed one, which
+    // libspng refuses, leaves the image as stored.
+    spng_exif exif{};
+    if (spng_get_exif(s.ctx, &exif) == 0 && exif.data)
+        h.orientation = exif.length >= 6 && std::memcmp(exif.data, "Exif\0\0", 6) == 0
+                            ? exif_orientation(reinterpret_cast<const std::uint8_t*>(exif.data), exif.length)
+                            : tiff_orientation(reinterpret_cast<const std::uint8_t*>(exif.data), exif.length);
+    h.width = swaps_axes(h.orientation) ? ihdr.height : ihdr.width;
+    h.height = swaps_axes(h.orientation) ? ihdr.width : ihdr.height;
     return h;
 }
 
@@ -365,6 +376,7 @@ inline header read_header(std::span<const std::uint8_t> data, std::uint64_t max_
 /// nothing in the steady state.
 struct scratch {
     plane stored;              // the stored region, before orientation
+    plane region;              // PNG: the crop's stored region, before orientation
     std::vector<std::uint8_t> row;
 };
 
@@ -414,18 +426,27 @@ void decode(std::span<const std::uint8_t> data, Choose choose, std::uint32_t min
         const rect crop = checked(h);
         std::size_t n = 0;
         detail::spng_check(spng_decoded_image_size(p.ctx, SPNG_FMT_RGB8, &n), "size");
-        const bool whole = crop.x == 0 && crop.y == 0 && crop.w == h.width && crop.h == h.height;
-        plane& target = whole ? out : s.stored;
-        target.px.resize(n);
-        target.w = h.width, target.h = h.height;
-        detail::spng_check(spng_decode_image(p.ctx, target.px.data(), n, SPNG_FMT_RGB8, 0), "data");
+        // The stored image is decoded whole; the crop (in stored coordinates) is copied out
+        // of it and, when the eXIf orientation says so, turned.
+        const std::uint32_t sw = detail::swaps_axes(h.orientation) ? h.height : h.width;
+        const std::uint32_t sh = detail::swaps_axes(h.orientation) ? h.width : h.height;
+        const rect st = detail::stored_rect(h.orientation, h.width, h.height, crop);
+        const bool whole = st.x == 0 && st.y == 0 && st.w == sw && st.h == sh;
+        plane& full = whole && h.orientation == 1 ? out : s.stored;
+        full.px.resize(n);
+        full.w = sw, full.h = sh;
+        detail::spng_check(spng_decode_image(p.ctx, full.px.data(), n, SPNG_FMT_RGB8, 0), "data");
+        const plane* region = &full;
         if (!whole) {
-            out.w = crop.w, out.h = crop.h;
-            out.px.resize(std::size_t(crop.w) * crop.h * 3);
-            for (std::uint32_t y = 0; y < crop.h; ++y)
-                std::memcpy(out.px.data() + std::size_t(y) * crop.w * 3,
-                            target.px.data() + (std::size_t(crop.y + y) * h.width + crop.x) * 3, std::size_t(crop.w) * 3);
+            plane& r = h.orientation == 1 ? out : s.region;
+            r.w = st.w, r.h = st.h;
+            r.px.resize(std::size_t(st.w) * st.h * 3);
+            for (std::uint32_t y = 0; y < st.h; ++y)
+                std::memcpy(r.px.data() + std::size_t(y) * st.w * 3, full.px.data() + (std::size_t(st.y + y) * sw + st.x) * 3,
+                            std::size_t(st.w) * 3);
+            region = &r;
         }
+        if (h.orientation != 1) detail::orient(h.orientation, *region, out);
         return;
     }
     throw bad_image("not an image: " + detail::what_it_is(data));

@@ -15,6 +15,7 @@
 // shard's URL and the sample key (or record index) — so they do not depend on which
 // worker decodes it or when; the seed is `.seed`, else plan's.
 
+#include <sluice/core/detail/json.hpp>
 #include <sluice/core/record.hpp>
 #include <sluice/core/stage.hpp>
 #include <sluice/formats/decode.hpp>
@@ -67,9 +68,12 @@ struct image_options {
     std::optional<std::uint64_t> seed = std::nullopt;
     /// Samples: the fields that may hold the image, the first present is decoded.
     std::vector<std::string> fields = {"jpg", "jpeg", "png"};
-    /// Samples: the field holding the label as a decimal integer ("cls", as WebDataset
-    /// writes it); empty for none.
+    /// Samples: the field holding the label: a decimal integer ("cls", as WebDataset
+    /// writes it), or a JSON object (e.g. "json") whose member `.label_key` is the integer;
+    /// empty for none.
     std::string label_field = "cls";
+    /// The member of a JSON label field that holds the label.
+    std::string label_key = "label";
     /// Records (loose files), and samples when set: the label from the record's URL (or
     /// the sample's key), e.g. its directory's number. Unset: -1 for records.
     std::function<std::int64_t(const std::string&)> label_from = nullptr;
@@ -101,13 +105,28 @@ inline const bytes* image_field(const sample& s, const image_options& o) {
 }
 inline std::string image_key(const record& r) { return r.key(); }
 inline std::string image_key(const sample& s) { return (s.source ? s.source->url : std::string("?")) + "#" + s.key; }
-inline std::int64_t parse_label(const bytes& b, const std::string& field, const std::string& key) {
+inline std::int64_t parse_label(const bytes& b, const image_options& o, const std::string& key) {
     auto v = b.view();
-    while (!v.empty() && (v.back() == '\n' || v.back() == '\r' || v.back() == ' ')) v.remove_suffix(1);
+    auto trim = [](std::string_view& t) {
+        while (!t.empty() && (t.back() == '\n' || t.back() == '\r' || t.back() == ' ' || t.back() == '\t')) t.remove_suffix(1);
+        while (!t.empty() && (t.front() == '\n' || t.front() == '\r' || t.front() == ' ' || t.front() == '\t')) t.remove_prefix(1);
+    };
+    trim(v);
+    std::string where = "label field '" + o.label_field + "' of " + key;
+    if (!v.empty() && v.front() == '{') {
+        std::optional<std::string_view> m;
+        try {
+            m = detail::json_object_reader(v).member(o.label_key);
+        } catch (const detail::json_error& e) {
+            throw imaging::bad_image(where + " is not valid JSON: " + e.what());
+        }
+        if (!m) throw imaging::bad_image(where + " has no member \"" + o.label_key + "\"");
+        v = *m;
+        where += " member \"" + o.label_key + "\"";
+    }
     std::int64_t x = 0;
     auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-    if (ec != std::errc{} || p != v.data() + v.size() || v.empty())
-        throw imaging::bad_image("label field '" + field + "' of " + key + " is not an integer");
+    if (ec != std::errc{} || p != v.data() + v.size() || v.empty()) throw imaging::bad_image(where + " is not an integer");
     return x;
 }
 inline std::int64_t image_label(const record& r, const image_options& o) {
@@ -118,7 +137,7 @@ inline std::int64_t image_label(const sample& s, const image_options& o) {
     if (o.label_field.empty()) return -1;
     const bytes* b = s.find(o.label_field);
     if (!b) throw imaging::bad_image("sample " + image_key(s) + " has no label field '" + o.label_field + "'");
-    return parse_label(*b, o.label_field, image_key(s));
+    return parse_label(*b, o, image_key(s));
 }
 
 /// Per worker: the decoder's scratch and the decoded crop, reused image after image.

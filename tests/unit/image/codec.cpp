@@ -61,7 +61,7 @@ int max_diff(const plane& got, const std::vector<std::uint8_t>& ref, std::uint32
 const std::vector<std::string> good = {
     "baseline.jpg", "yuv444.jpg", "progressive.jpg", "gray.jpg",    "cmyk.jpg",    "tiny.jpg",   "restart.jpg",
     "progressive-restart.jpg",   "rgb.png",         "palette.png", "rgba.png",    "gray.png",   "gray16.png",
-    "exif2.jpg",    "exif3.jpg", "exif5.jpg",       "exif6.jpg",   "exif8.jpg"};
+    "exif2.jpg",    "exif3.jpg", "exif5.jpg",       "exif6.jpg",   "exif8.jpg",  "exif3.png",  "exif6.png"};
 
 }  // namespace
 

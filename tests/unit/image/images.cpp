@@ -222,6 +222,55 @@ TEST_CASE("webdataset samples: the image field decoded, the cls field is the lab
     }
 }
 
+TEST_CASE("a WebDataset .json field gives the label through .label_key; a bad one names the field, the key and why", "[image]") {
+    sluice_test::temp_dir d;
+    std::string tar;
+    const std::vector<std::string> meta = {
+        R"({"label": 7, "caption": "a \"red\" square"})",
+        R"({"source": {"label": 99, "tags": [1, {"label": 98}]}, "label": -3})",  // nested members are not the label
+        R"(  {"cls": 1, "label":12345678901}  )",
+    };
+    for (std::size_t i = 0; i < meta.size(); ++i) {
+        const std::string key = "s" + std::to_string(i);
+        sluice::append_tar_file(tar, key + ".png", png_with_square(40, 30, 2, 2, 8));
+        sluice::append_tar_file(tar, key + ".json", meta[i]);
+    }
+    sluice::end_tar(tar);
+    const auto path = d.write("meta.tar", tar);
+    auto labels_of = [](const std::string& shard, sluice::image_options o) {
+        std::vector<std::int64_t> labels;
+        sluice::pipeline p(sluice::list(shard) | sluice::plan() | sluice::read() | sluice::webdataset() |
+                           sluice::decode_images(std::move(o)));
+        for (auto& im : p) labels.push_back(im.label);
+        return labels;
+    };
+    CHECK(labels_of(path, {.size = 16, .label_field = "json"}) == std::vector<std::int64_t>{7, -3, 12345678901});
+
+    std::string bad;
+    sluice::append_tar_file(bad, "a.png", png_with_square(40, 30, 2, 2, 8));
+    sluice::append_tar_file(bad, "a.json", R"({"caption": "no label here"})");
+    sluice::end_tar(bad);
+    const auto missing = d.write("missing.tar", bad);
+    REQUIRE_THROWS_WITH(labels_of(missing, {.size = 16, .label_field = "json"}),
+                        Catch::Contains("missing.tar#a") && Catch::Contains("'json'") && Catch::Contains("no member \"label\""));
+    bad.clear();
+    sluice::append_tar_file(bad, "b.png", png_with_square(40, 30, 2, 2, 8));
+    sluice::append_tar_file(bad, "b.json", R"({"label": 3, "x": [1, 2)");
+    sluice::end_tar(bad);
+    const auto broken = d.write("broken.tar", bad);
+    // The label comes before the damage: the reader stops at the member it needs.
+    CHECK(labels_of(broken, {.size = 16, .label_field = "json"}) == std::vector<std::int64_t>{3});
+    REQUIRE_THROWS_WITH(labels_of(broken, {.size = 16, .label_field = "json", .label_key = "y"}),
+                        Catch::Contains("broken.tar#b") && Catch::Contains("not valid JSON") && Catch::Contains("at byte"));
+    bad.clear();
+    sluice::append_tar_file(bad, "c.png", png_with_square(40, 30, 2, 2, 8));
+    sluice::append_tar_file(bad, "c.json", R"({"label": "seven"})");
+    sluice::end_tar(bad);
+    const auto text = d.write("text.tar", bad);
+    REQUIRE_THROWS_WITH(labels_of(text, {.size = 16, .label_field = "json"}),
+                        Catch::Contains("text.tar#c") && Catch::Contains("member \"label\" is not an integer"));
+}
+
 TEST_CASE("image batches are collated straight into to_device's staging memory, and keep their tensor shape there", "[image]") {
     auto eng = std::make_shared<sluice::host_engine>();
     std::vector<sluice::record> recs;
