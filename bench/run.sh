@@ -6,7 +6,7 @@
 # 2.1 GiB each of tar and TFRecord and a gzip'd copy of the TFRecord set).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/deps.sh
+scripts/deps.sh --bench
 build=build-release
 cmake --preset release >/dev/null
 cmake --build --preset release -j"$(nproc)" --target channel_hop crc32c_bench device_copy sluice-probe sluice-gen >/dev/null
