@@ -1,13 +1,16 @@
 #!/usr/bin/python3
 """The peer of sluice-probe --images: PyTorch's DataLoader as image training reads today.
 
-    torch_images.py --loose DIR | --shards SHARD... [--workers 2] [--batch 256] [--size 224]
-                    [--step-ms MS]
+    torch_images.py --loose DIR | --shards SHARD... | --urls FILE | --s3 ENDPOINT BUCKET FILE
+                    [--limit N] [--workers 2] [--batch 256] [--size 224] [--step-ms MS]
 
 --loose: an ImageFolder-like map-style dataset: each __getitem__ opens one file and
 decodes it with PIL (libjpeg-turbo), then RandomResizedCrop(size), RandomHorizontalFlip,
 PILToTensor; shuffled. --shards: an IterableDataset that reads tar shards with tarfile,
-as WebDataset does, shards split among workers. --step-ms: a simulated GPU step after each
+as WebDataset does, shards split among workers. --urls: as --loose, each __getitem__
+GETs one URL of FILE (urllib); --s3: each __getitem__ is boto3's get_object of one key of
+FILE (path-style, credentials from the environment). --limit: the first N items only (a
+remote store at 20 requests/s per worker would take minutes). --step-ms: a simulated GPU step after each
 batch (MS per 256 images), to measure how long the step waits for data.
 Prints one JSON object: images, seconds, images_per_s, cpu_ms_per_image (this process
 from the loader's start, and its workers), peak_rss_bytes (the largest of them), step_wait_share.
@@ -20,6 +23,7 @@ import os
 import resource
 import tarfile
 import time
+import urllib.request
 
 import torch
 import torchvision.transforms as T
@@ -44,6 +48,33 @@ class Loose(Dataset):
         label = int(os.path.basename(os.path.dirname(path)).split("-")[-1])
         with open(path, "rb") as f:
             img = Image.open(f).convert("RGB")
+        return self.t(img), label
+
+
+class Remote(Dataset):
+    """Objects named by URLs or S3 keys, one request per __getitem__ (a client per worker)."""
+
+    def __init__(self, names, size, s3=None):
+        self.names, self.s3, self.client = names, s3, None
+        self.t = transform(size)
+
+    def __len__(self):
+        return len(self.names)
+
+    def get(self, name):
+        if self.s3 is None:
+            with urllib.request.urlopen(name) as r:
+                return r.read()
+        if self.client is None:
+            import boto3
+            from botocore.config import Config
+            self.client = boto3.client("s3", endpoint_url=self.s3[0], config=Config(s3={"addressing_style": "path"}))
+        return self.client.get_object(Bucket=self.s3[1], Key=name)["Body"].read()
+
+    def __getitem__(self, i):
+        name = self.names[i]
+        label = int(name.rsplit("/", 2)[-2].split("-")[-1])
+        img = Image.open(io.BytesIO(self.get(name))).convert("RGB")
         return self.t(img), label
 
 
@@ -72,14 +103,26 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--loose")
     p.add_argument("--shards", nargs="*")
+    p.add_argument("--urls")
+    p.add_argument("--s3", nargs=3, metavar=("ENDPOINT", "BUCKET", "KEYS"))
+    p.add_argument("--limit", type=int, default=0)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--step-ms", type=float, default=0)
     a = p.parse_args()
     torch.set_num_threads(1)
-    ds = Loose(a.loose, a.size) if a.loose else Shards(a.shards, a.size)
-    loader = DataLoader(ds, batch_size=a.batch, num_workers=a.workers, shuffle=bool(a.loose))
+    if a.urls or a.s3:
+        with open(a.urls or a.s3[2]) as f:
+            names = [line.strip() for line in f if line.strip()]
+        ds = Remote(names[: a.limit] if a.limit else names, a.size, a.s3)
+    elif a.loose:
+        ds = Loose(a.loose, a.size)
+        if a.limit:
+            ds.files = ds.files[: a.limit]
+    else:
+        ds = Shards(a.shards, a.size)
+    loader = DataLoader(ds, batch_size=a.batch, num_workers=a.workers, shuffle=not a.shards)
     images, waited = 0, 0.0
     start = resource.getrusage(resource.RUSAGE_SELF)  # not the imports: the loop's CPU
     t0 = time.perf_counter()

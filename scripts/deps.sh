@@ -12,8 +12,9 @@
 #                            moto_server and boto3 (signed S3 tests; moto is not packaged
 #                            by Debian 12: pip installs it when missing, and the tests that
 #                            need it report themselves skipped if that fails)
-#   scripts/deps.sh --bench  and what bench/run.sh's peers need: python3-torch and
-#                            python3-torchvision (the image case study's DataLoader)
+#   scripts/deps.sh --bench  and what bench/run.sh's peers need: python3-torch,
+#                            python3-torchvision and python3-boto3 (the image case study's
+#                            DataLoader, reading files, URLs or S3 objects)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 test_deps=0 bench_deps=0
@@ -24,8 +25,9 @@ packages=(g++ make cmake libasio-dev catch2 zlib1g-dev libcurl4-openssl-dev libp
 # The tests also check decoded images against PIL's (Debian's python3-pil, with numpy), and
 # restart-marker JPEGs made by libjpeg-turbo's cjpeg (libjpeg-turbo-progs).
 [ $test_deps = 1 ] && packages+=(python3 clang libclang-rt-dev nginx python3-pil python3-numpy libjpeg-turbo-progs)
-# bench/run.sh's peers: PyTorch's DataLoader with torchvision (Debian's, for /usr/bin/python3).
-[ $bench_deps = 1 ] && packages+=(python3-torch python3-torchvision)
+# bench/run.sh's peers: PyTorch's DataLoader with torchvision, and boto3 in its workers
+# (Debian's, for /usr/bin/python3).
+[ $bench_deps = 1 ] && packages+=(python3-torch python3-torchvision python3-boto3)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
