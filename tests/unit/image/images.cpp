@@ -327,3 +327,41 @@ TEST_CASE("NCHW and NHWC batches hold the same pixels, transposed", "[image]") {
     CHECK(differ == 0);
     CHECK(std::memcmp(a, b, nchw.data.size()) != 0);  // a transposition, not the same bytes
 }
+
+TEST_CASE("float32 collation is (pixel / 255 - mean) / std for every element, in both layouts and odd sizes", "[image]") {
+    auto pool = sluice::buffer_pool::create();
+    for (std::uint32_t side : {37u, 224u}) {  // 37 x 37 x 3 is no multiple of the 48-value blocks
+        std::vector<sluice::image> g;
+        for (int i = 0; i < 3; ++i) {
+            sluice::image im;
+            im.width = im.height = side;
+            std::string px(std::size_t(side) * side * 3, '\0');
+            for (std::size_t k = 0; k < px.size(); ++k) px[k] = char((k * 131 + std::size_t(i) * 17) % 256);
+            im.pixels = sluice::bytes::copy_of(px);
+            im.label = i;
+            g.push_back(std::move(im));
+        }
+        for (auto layout : {sluice::tensor_layout_kind::nchw, sluice::tensor_layout_kind::nhwc}) {
+            INFO("side " << side << (layout == sluice::tensor_layout_kind::nchw ? " nchw" : " nhwc"));
+            const sluice::image_batch_options o{.size = 3, .layout = layout, .dtype = sluice::pixel_type::float32,
+                                                .mean = {0.485f, 0.456f, 0.406f}, .std = {0.229f, 0.224f, 0.225f}};
+            auto b = sluice::detail::collate_images(g, *pool, o);
+            const std::size_t px = std::size_t(side) * side;
+            REQUIRE(b.data.size() == 3 * px * 3 * sizeof(float));
+            const float* f = reinterpret_cast<const float*>(b.data.data());
+            float worst = 0;
+            for (std::size_t i = 0; i < 3; ++i) {
+                const auto* src = reinterpret_cast<const std::uint8_t*>(g[i].pixels.data());
+                for (std::size_t p = 0; p < px; ++p)
+                    for (int c = 0; c < 3; ++c) {
+                        const float want = (src[p * 3 + c] / 255.f - o.mean[c]) / o.std[c];
+                        const float got = layout == sluice::tensor_layout_kind::nchw ? f[i * px * 3 + c * px + p]
+                                                                                     : f[i * px * 3 + p * 3 + c];
+                        worst = std::max(worst, std::abs(got - want));
+                    }
+            }
+            CHECK(worst < 1e-5f);
+            CHECK(b.labels == std::vector<std::int64_t>{0, 1, 2});
+        }
+    }
+}
