@@ -222,7 +222,7 @@ TEST_CASE("webdataset samples: the image field decoded, the cls field is the lab
     }
 }
 
-TEST_CASE("a WebDataset .json field gives the label through .label_key; a bad one names the field, the key and why", "[image]") {
+TEST_CASE("a WebDataset .json field gives the label through .label_key, and a bad one names the field, the key and why", "[image]") {
     sluice_test::temp_dir d;
     std::string tar;
     const std::vector<std::string> meta = {
