@@ -14,7 +14,9 @@
 #                            need it report themselves skipped if that fails)
 #   scripts/deps.sh --bench  and what bench/run.sh's peers need: python3-torch,
 #                            python3-torchvision and python3-boto3 (the image case study's
-#                            DataLoader, reading files, URLs or S3 objects)
+#                            DataLoader, reading files, URLs or S3 objects), and
+#                            nginx's echo module (libnginx-mod-http-echo: objects behind
+#                            a 50 ms first byte, served at nginx's cost)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 test_deps=0 bench_deps=0
@@ -26,8 +28,8 @@ packages=(g++ make cmake libasio-dev catch2 zlib1g-dev libcurl4-openssl-dev libp
 # restart-marker JPEGs made by libjpeg-turbo's cjpeg (libjpeg-turbo-progs).
 [ $test_deps = 1 ] && packages+=(python3 clang libclang-rt-dev nginx python3-pil python3-numpy libjpeg-turbo-progs)
 # bench/run.sh's peers: PyTorch's DataLoader with torchvision, and boto3 in its workers
-# (Debian's, for /usr/bin/python3).
-[ $bench_deps = 1 ] && packages+=(python3-torch python3-torchvision python3-boto3)
+# (Debian's, for /usr/bin/python3); nginx's echo_sleep delays the first byte of the remote rows.
+[ $bench_deps = 1 ] && packages+=(python3-torch python3-torchvision python3-boto3 libnginx-mod-http-echo)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
