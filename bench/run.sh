@@ -446,11 +446,18 @@ for w in "${what[@]}"; do
     sed "s|^|http://127.0.0.1:$slow_port/bkt/|" "$work/keys" > "$work/slow_urls"
     sed "s|^|http://127.0.0.1:$port/bkt/|" "$work/keys" > "$work/urls"
     sed "s|^|s3://bkt/|" "$work/keys" > "$work/s3urls"
-    remote() {  # what, then probe flags: sluice over the network, every image delivered once
-      local what=$1 o; shift
-      o=$("$probe" --json --quiet --no-crc --images train --batch 256 --threads "$threads" --seed 1 --in-flight 128 --format raw "$@")
-      echo "$o" | grep -q '"ok":true' || { echo "$what: $o" >&2; exit 1; }
-      echo "$o"
+    # 256 requests in flight: hiding 50 ms at ~2,000 images/s needs 100 on average (rate x
+    # latency), and 128 measured 0.85-0.9 x the no-delay rate, 256 the same as it.
+    inflight=256
+    remote() {  # what, then probe flags: sluice over the network, best of 3 (as the local rows)
+      local what=$1 o i; shift
+      best_in=""
+      for i in 1 2 3; do
+        o=$("$probe" --json --quiet --no-crc --images train --batch 256 --threads "$threads" --seed 1 --in-flight $inflight --format raw "$@")
+        echo "$o" | grep -q '"ok":true' || { echo "$what: $o" >&2; exit 1; }
+        best_in=$(best_json records_per_s echo "$o")
+      done
+      echo "$best_in"
     }
     check_all() {  # JSON, count, what
       [ "$(echo "$1" | field records)" = "$2" ] || { echo "images: sluice delivered $(echo "$1" | field records) of $2 $3" >&2; exit 1; }
@@ -463,8 +470,8 @@ for w in "${what[@]}"; do
       hsi=$(echo "$hs" | field records_per_s)
       ths=$(/usr/bin/python3 bench/torch_images.py --workers 2 --batch 256 --limit 1000 --urls "$work/slow_urls")
       thsi=$(echo "$ths" | field images_per_s)
-      echo "{\"bench\":\"images_remote\",\"server\":\"nginx\",\"images\":$n,\"ttfb_ms\":50,\"in_flight\":128,\"sluice_images_per_s\":$hsi,\"sluice_no_latency_images_per_s\":$h0i,\"latency_hidden_ratio\":$(ratio "$hsi" "$h0i"),\"local_images_per_s\":$local_ips,\"ratio_to_local\":$(ratio "$hsi" "$local_ips"),\"cpu_ms_per_image\":$(echo "$hs" | field cpu_ms_per_record),\"local_cpu_ms_per_image\":$local_cpu,\"dataloader_images_per_s\":$thsi,\"ratio_to_dataloader\":$(ratio "$hsi" "$thsi")}"
-      echo "images from nginx behind a 50 ms first byte (128 in flight): $hsi img/s ($(echo "$hs" | field cpu_ms_per_record) CPU-ms/img), $(ratio "$hsi" "$local_ips") x local (goal >= 0.9); the same nginx with no delay $h0i img/s ($(echo "$h0" | field cpu_ms_per_record) CPU-ms/img): $(ratio "$hsi" "$h0i") x; DataLoader (urllib, first 1,000, 50 ms) $thsi img/s, sluice $(ratio "$hsi" "$thsi") x" >&2
+      echo "{\"bench\":\"images_remote\",\"server\":\"nginx\",\"images\":$n,\"ttfb_ms\":50,\"in_flight\":$inflight,\"sluice_images_per_s\":$hsi,\"sluice_no_latency_images_per_s\":$h0i,\"latency_hidden_ratio\":$(ratio "$hsi" "$h0i"),\"local_images_per_s\":$local_ips,\"ratio_to_local\":$(ratio "$hsi" "$local_ips"),\"cpu_ms_per_image\":$(echo "$hs" | field cpu_ms_per_record),\"local_cpu_ms_per_image\":$local_cpu,\"dataloader_images_per_s\":$thsi,\"ratio_to_dataloader\":$(ratio "$hsi" "$thsi")}"
+      echo "images from nginx behind a 50 ms first byte ($inflight in flight): $hsi img/s ($(echo "$hs" | field cpu_ms_per_record) CPU-ms/img), $(ratio "$hsi" "$local_ips") x local (goal >= 0.9); the same nginx with no delay $h0i img/s ($(echo "$h0" | field cpu_ms_per_record) CPU-ms/img): $(ratio "$hsi" "$h0i") x; DataLoader (urllib, first 1,000, 50 ms) $thsi img/s, sluice $(ratio "$hsi" "$thsi") x" >&2
     else
       echo "images from nginx behind 50 ms: skipped (needs libnginx-mod-http-echo: scripts/deps.sh --bench); the same nginx with no delay $h0i img/s, $(ratio "$h0i" "$local_ips") x local" >&2
     fi
@@ -472,14 +479,14 @@ for w in "${what[@]}"; do
     hf=$(remote "fault server" "@$work/fault_urls"); check_all "$hf" "$n" "from the fault server"
     srv=$(awk -v a="$c0" -v b="$(cpu_of $fault_pid)" 'BEGIN { printf "%.2f", b - a }')
     hfi=$(echo "$hf" | field records_per_s); secs=$(echo "$hf" | field seconds)
-    echo "{\"bench\":\"images_remote\",\"server\":\"fault_server\",\"images\":$n,\"ttfb_ms\":50,\"in_flight\":128,\"sluice_images_per_s\":$hfi,\"local_images_per_s\":$local_ips,\"ratio_to_local\":$(ratio "$hfi" "$local_ips"),\"cpu_ms_per_image\":$(echo "$hf" | field cpu_ms_per_record),\"server_cpu_s\":$srv,\"server_cores\":$(ratio "$srv" "$secs")}"
-    echo "images from the fault server behind a 50 ms first byte (128 in flight): $hfi img/s ($(echo "$hf" | field cpu_ms_per_record) CPU-ms/img), $(ratio "$hfi" "$local_ips") x local, with the Python server taking $(ratio "$srv" "$secs") of the 2 cores" >&2
+    echo "{\"bench\":\"images_remote\",\"server\":\"fault_server\",\"images\":$n,\"ttfb_ms\":50,\"in_flight\":$inflight,\"sluice_images_per_s\":$hfi,\"local_images_per_s\":$local_ips,\"ratio_to_local\":$(ratio "$hfi" "$local_ips"),\"cpu_ms_per_image\":$(echo "$hf" | field cpu_ms_per_record),\"server_cpu_s\":$srv,\"server_cores\":$(ratio "$srv" "$secs")}"
+    echo "images from the fault server behind a 50 ms first byte ($inflight in flight): $hfi img/s ($(echo "$hf" | field cpu_ms_per_record) CPU-ms/img), $(ratio "$hfi" "$local_ips") x local, with the Python server taking $(ratio "$srv" "$secs") of the 2 cores" >&2
     export AWS_ACCESS_KEY_ID=AKIDBENCHMARK AWS_SECRET_ACCESS_KEY=bench-secret AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1
     unset AWS_PROFILE AWS_ENDPOINT_URL AWS_ENDPOINT_URL_S3 AWS_SESSION_TOKEN
     h3=$(remote "S3 to nginx" --endpoint "http://127.0.0.1:$port" "@$work/s3urls"); check_all "$h3" "$n" "over S3"
     s3i=$(echo "$h3" | field records_per_s)
-    echo "{\"bench\":\"images_s3\",\"server\":\"nginx\",\"images\":$n,\"in_flight\":128,\"sluice_images_per_s\":$s3i,\"cpu_ms_per_image\":$(echo "$h3" | field cpu_ms_per_record),\"ratio_to_local\":$(ratio "$s3i" "$local_ips")}"
-    echo "images over S3 (signed GETs to nginx, 128 in flight): sluice $s3i img/s ($(echo "$h3" | field cpu_ms_per_record) CPU-ms/img), $(ratio "$s3i" "$local_ips") x local" >&2
+    echo "{\"bench\":\"images_s3\",\"server\":\"nginx\",\"images\":$n,\"in_flight\":$inflight,\"sluice_images_per_s\":$s3i,\"cpu_ms_per_image\":$(echo "$h3" | field cpu_ms_per_record),\"ratio_to_local\":$(ratio "$s3i" "$local_ips")}"
+    echo "images over S3 (signed GETs to nginx, $inflight in flight): sluice $s3i img/s ($(echo "$h3" | field cpu_ms_per_record) CPU-ms/img), $(ratio "$s3i" "$local_ips") x local" >&2
     s3rver=tests/support/s3rver/node_modules/.bin/s3rver
     if [ -x $s3rver ]; then
       m=$(( n < 2000 ? n : 2000 ))
@@ -494,48 +501,12 @@ for w in "${what[@]}"; do
       h4=$(AWS_ACCESS_KEY_ID=S3RVER AWS_SECRET_ACCESS_KEY=S3RVER remote s3rver --endpoint "http://127.0.0.1:$s3r_port" "@$work/s3r/s3urls"); check_all "$h4" "$m" "from s3rver"
       t4=$(AWS_ACCESS_KEY_ID=S3RVER AWS_SECRET_ACCESS_KEY=S3RVER /usr/bin/python3 bench/torch_images.py --workers 2 --batch 256 --s3 "http://127.0.0.1:$s3r_port" bkt "$work/s3r/keys")
       s4i=$(echo "$h4" | field records_per_s); t4i=$(echo "$t4" | field images_per_s)
-      echo "{\"bench\":\"images_s3\",\"server\":\"s3rver\",\"images\":$m,\"in_flight\":128,\"sluice_images_per_s\":$s4i,\"cpu_ms_per_image\":$(echo "$h4" | field cpu_ms_per_record),\"dataloader_boto3_images_per_s\":$t4i,\"dataloader_cpu_ms_per_image\":$(echo "$t4" | field cpu_ms_per_image),\"ratio_to_dataloader\":$(ratio "$s4i" "$t4i")}"
-      echo "images from the S3 emulator (s3rver, $m objects, 128 in flight): sluice $s4i img/s ($(echo "$h4" | field cpu_ms_per_record) CPU-ms/img); DataLoader with boto3 get_object $t4i img/s ($(echo "$t4" | field cpu_ms_per_image) CPU-ms/img), sluice $(ratio "$s4i" "$t4i") x" >&2
+      echo "{\"bench\":\"images_s3\",\"server\":\"s3rver\",\"images\":$m,\"in_flight\":$inflight,\"sluice_images_per_s\":$s4i,\"cpu_ms_per_image\":$(echo "$h4" | field cpu_ms_per_record),\"dataloader_boto3_images_per_s\":$t4i,\"dataloader_cpu_ms_per_image\":$(echo "$t4" | field cpu_ms_per_image),\"ratio_to_dataloader\":$(ratio "$s4i" "$t4i")}"
+      echo "images from the S3 emulator (s3rver, $m objects, $inflight in flight): sluice $s4i img/s ($(echo "$h4" | field cpu_ms_per_record) CPU-ms/img); DataLoader with boto3 get_object $t4i img/s ($(echo "$t4" | field cpu_ms_per_image) CPU-ms/img), sluice $(ratio "$s4i" "$t4i") x" >&2
     else
       echo "images from s3rver: skipped (scripts/deps.sh --test installs it)" >&2
     fi
     kill $fault_pid $ngx_pid $s3r_pid 2>/dev/null; wait $fault_pid $ngx_pid $s3r_pid 2>/dev/null || true; rm -rf "$work"; trap - EXIT
-    python3 tests/support/fault_server.py "$imgs/loose" --ttfb-ms 50 > "$work/fault.out" 2>&1 & fault_pid=$!
-    python3 tests/support/fault_server.py "$imgs/loose" --ttfb-ms 0 > "$work/fault0.out" 2>&1 & fault0_pid=$!
-    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    mkdir -p "$work/www"; ln -s "$(cd "$imgs/loose" && pwd)" "$work/www/bkt"
-    printf 'daemon off; worker_processes 1; %s pid %s/pid; error_log %s/error.log;\nevents { worker_connections 4096; }\nhttp { access_log off; sendfile on; keepalive_requests 1000000; client_body_temp_path %s; proxy_temp_path %s; fastcgi_temp_path %s; uwsgi_temp_path %s; scgi_temp_path %s;\n server { listen 127.0.0.1:%s; root %s; } }\n' \
-      "$([ "$(id -u)" = 0 ] && echo 'user root;')" "$work" "$work" "$work" "$work" "$work" "$work" "$work" "$port" "$work/www" > "$work/nginx.conf"
-    nginx -p "$work" -c "$work/nginx.conf" -e "$work/error.log" & ngx_pid=$!
-    for i in $(seq 100); do grep -q port "$work/fault.out" && grep -q port "$work/fault0.out" && curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.1; done
-    (cd "$imgs/loose" && find . -type f | sort | sed 's|^\./||') > "$work/keys"
-    sed "s|^|http://127.0.0.1:$(cut -d' ' -f2 < "$work/fault.out")/|" "$work/keys" > "$work/urls"
-    sed "s|^|http://127.0.0.1:$(cut -d' ' -f2 < "$work/fault0.out")/|" "$work/keys" > "$work/urls0"
-    sed "s|^|s3://bkt/|" "$work/keys" > "$work/s3urls"
-    cpu_of() { awk -v t="$(getconf CLK_TCK)" '{ printf "%.2f", ($14 + $15) / t }' "/proc/$1/stat"; }
-    c0=$(cpu_of $fault_pid)
-    h=$("$probe" --json --quiet --no-crc --images train --batch 256 --threads "$threads" --seed 1 --in-flight 128 --format raw "@$work/urls")
-    srv=$(awk -v a="$c0" -v b="$(cpu_of $fault_pid)" 'BEGIN { printf "%.2f", b - a }')
-    h0=$("$probe" --json --quiet --no-crc --images train --batch 256 --threads "$threads" --seed 1 --in-flight 128 --format raw "@$work/urls0")
-    for o in "$h" "$h0"; do
-      echo "$o" | grep -q '"ok":true' || { echo "$o" >&2; exit 1; }
-      [ "$(echo "$o" | field records)" = "$n" ] || { echo "images: sluice delivered $(echo "$o" | field records) of $n over HTTP" >&2; exit 1; }
-    done
-    th=$(/usr/bin/python3 bench/torch_images.py --workers 2 --batch 256 --limit 1000 --urls "$work/urls")
-    hi=$(echo "$h" | field records_per_s); h0i=$(echo "$h0" | field records_per_s); thi=$(echo "$th" | field images_per_s)
-    secs=$(echo "$h" | field seconds)
-    echo "{\"bench\":\"images_remote\",\"images\":$n,\"ttfb_ms\":50,\"in_flight\":128,\"sluice_images_per_s\":$hi,\"sluice_no_latency_images_per_s\":$h0i,\"latency_hidden_ratio\":$(ratio "$hi" "$h0i"),\"local_images_per_s\":$local_ips,\"ratio_to_local\":$(ratio "$hi" "$local_ips"),\"cpu_ms_per_image\":$(echo "$h" | field cpu_ms_per_record),\"local_cpu_ms_per_image\":$local_cpu,\"server_cpu_s\":$srv,\"server_cores\":$(ratio "$srv" "$secs"),\"dataloader_images_per_s\":$thi,\"ratio_to_dataloader\":$(ratio "$hi" "$thi")}"
-    echo "images behind a 50 ms first byte (128 in flight): $hi img/s ($(echo "$h" | field cpu_ms_per_record) CPU-ms/img); the same server with no delay $h0i img/s: $(ratio "$hi" "$h0i") x (latency hidden); $(ratio "$hi" "$local_ips") x local (goal >= 0.9) with the Python server taking $(ratio "$srv" "$secs") of the 2 cores; DataLoader (urllib, first 1,000) $thi img/s, sluice $(ratio "$hi" "$thi") x" >&2
-    export AWS_ACCESS_KEY_ID=AKIDBENCHMARK AWS_SECRET_ACCESS_KEY=bench-secret AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1
-    unset AWS_PROFILE AWS_ENDPOINT_URL AWS_ENDPOINT_URL_S3 AWS_SESSION_TOKEN
-    h3=$("$probe" --json --quiet --no-crc --images train --batch 256 --threads "$threads" --seed 1 --in-flight 128 --format raw --endpoint "http://127.0.0.1:$port" "@$work/s3urls")
-    echo "$h3" | grep -q '"ok":true' || { echo "$h3" >&2; exit 1; }
-    [ "$(echo "$h3" | field records)" = "$n" ] || { echo "images: sluice delivered $(echo "$h3" | field records) of $n over S3" >&2; exit 1; }
-    t3=$(/usr/bin/python3 bench/torch_images.py --workers 2 --batch 256 --limit 2000 --s3 "http://127.0.0.1:$port" bkt "$work/keys")
-    s3i=$(echo "$h3" | field records_per_s); t3i=$(echo "$t3" | field images_per_s)
-    echo "{\"bench\":\"images_s3\",\"images\":$n,\"in_flight\":128,\"sluice_images_per_s\":$s3i,\"cpu_ms_per_image\":$(echo "$h3" | field cpu_ms_per_record),\"ratio_to_local\":$(ratio "$s3i" "$local_ips"),\"dataloader_boto3_images_per_s\":$t3i,\"dataloader_cpu_ms_per_image\":$(echo "$t3" | field cpu_ms_per_image),\"ratio_to_dataloader\":$(ratio "$s3i" "$t3i")}"
-    echo "images over S3 (signed GETs to nginx, 128 in flight): sluice $s3i img/s ($(echo "$h3" | field cpu_ms_per_record) CPU-ms/img), $(ratio "$s3i" "$local_ips") x local; DataLoader with boto3 get_object (first 2,000) $t3i img/s ($(echo "$t3" | field cpu_ms_per_image) CPU-ms/img), sluice $(ratio "$s3i" "$t3i") x" >&2
-    kill $fault_pid $fault0_pid $ngx_pid 2>/dev/null; wait $fault_pid $fault0_pid $ngx_pid 2>/dev/null || true; rm -rf "$work"; trap - EXIT
     ;;
   *) echo "unknown benchmark $w (channel, crc32c, local, formats, http, s3, memory, device, cache, images)" >&2; exit 2 ;;
   esac
