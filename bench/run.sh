@@ -363,7 +363,7 @@ for w in "${what[@]}"; do
     kill $fault_pid 2>/dev/null; wait $fault_pid 2>/dev/null || true; rm -rf "$work"; trap - EXIT
     ;;
   images)
-    # The image case study: the same JPEGs (loose files, and WebDataset shards of ~100 MB)
+    # The image case study: the same JPEGs (loose files, and WebDataset shards of ~120 MB)
     # read by a bare loop of the decode calls (the limit on these cores), by sluice-probe
     # --images, and by PyTorch's DataLoader (2 workers, RandomResizedCrop + flip +
     # PILToTensor); then each with a simulated GPU step of 256 ms per 256 images. The
@@ -380,7 +380,7 @@ for w in "${what[@]}"; do
     imgs=$data/images-$n
     if [ ! -f "$imgs/done" ]; then
       echo "generating $imgs: $n JPEGs, loose and as shards ..." >&2
-      rm -rf "$imgs"; mkdir -p "$imgs"; per=$(( n < 1250 ? n : 1250 ))  # 1,250 images: ~75 MB shards
+      rm -rf "$imgs"; mkdir -p "$imgs"; per=$(( n < 2000 ? n : 2000 ))  # 2,000 images: ~120 MB shards
       "$build/examples/sluice-gen" "$imgs/loose" --images --jpeg-only --format raw --files "$n" --seed 11 > "$imgs/loose.json"
       "$build/examples/sluice-gen" "$imgs/shards" --images --jpeg-only --format tar --files $(( (n + per - 1) / per )) --records $per --seed 11 > "$imgs/shards.json"
       touch "$imgs/done"
@@ -408,7 +408,7 @@ for w in "${what[@]}"; do
       si=$(echo "$s" | field records_per_s); ti=$(echo "$t" | field images_per_s); li=$(echo "$loop" | field images_per_s)
       sc=$(echo "$s" | field cpu_ms_per_record); tc=$(echo "$t" | field cpu_ms_per_image); lc=$(echo "$loop" | field cpu_ms_per_image)
       echo "{\"bench\":\"images\",\"data\":\"$kind\",\"images\":$n,\"sluice_images_per_s\":$si,\"dataloader_images_per_s\":$ti,\"bare_loop_images_per_s\":$li,\"ratio_to_dataloader\":$(ratio "$si" "$ti"),\"ratio_to_bare_loop\":$(ratio "$si" "$li"),\"sluice_cpu_ms_per_image\":$sc,\"dataloader_cpu_ms_per_image\":$tc,\"bare_loop_cpu_ms_per_image\":$lc,\"cpu_ratio_to_dataloader\":$(ratio "$sc" "$tc"),\"sluice_peak_rss_bytes\":$(echo "$s" | field peak_rss_bytes),\"dataloader_peak_rss_bytes\":$(echo "$t" | field peak_rss_bytes),\"sluice_gpu_wait_share\":$(echo "$sg" | field step_wait_share),\"dataloader_gpu_wait_share\":$(echo "$tg" | field step_wait_share)}"
-      if [ $kind = loose ]; then local_ips=$si; local_cpu=$sc; fi
+      if [ $kind = loose ]; then local_ips=$si; local_cpu=$sc; else local_shards_ips=$si; fi
       echo "images ($kind, $n JPEGs, $threads cores): sluice $si img/s ($sc CPU-ms/img), DataLoader $ti img/s ($tc CPU-ms/img), bare loop $li img/s ($lc CPU-ms/img): $(ratio "$si" "$ti") x DataLoader (goal >= 2), $(ratio "$sc" "$tc") x its CPU per image (goal <= 0.5), $(ratio "$si" "$li") x the bare loop (goal >= 0.9); GPU step waiting: sluice $(echo "$sg" | field step_wait_share), DataLoader $(echo "$tg" | field step_wait_share)" >&2
     done
     # The loose files as remote objects, each row beside sluice's local rate above:
@@ -468,10 +468,23 @@ for w in "${what[@]}"; do
     if [ -f $echo_module ]; then
       hs=$(remote "nginx, 50 ms" "@$work/slow_urls"); check_all "$hs" "$n" "over HTTP with a 50 ms first byte"
       hsi=$(echo "$hs" | field records_per_s)
+      hsg=$("$probe" --json --quiet --no-crc --images train --batch 256 --threads "$threads" --seed 1 --in-flight $inflight --step-ms 256 --format raw "@$work/slow_urls")
+      # The shards from the same nginx, 50 ms before each request's first byte (each 8 MiB
+      # part is a request), beside the DataLoader streaming them with tarfile.
+      ls "$imgs"/shards/*.tar | sed "s|^$imgs/shards/|http://127.0.0.1:$slow_port/shards/|" > "$work/slow_shards"
+      ln -s "$(cd "$imgs/shards" && pwd)" "$work/www/shards"
+      rs=$(best_in=""; for i in 1 2 3; do best_in=$(best_json records_per_s "$probe" --json --quiet --no-crc --images train --batch 256 --threads "$threads" --seed 1 --format webdataset "@$work/slow_shards"); done; echo "$best_in")
+      echo "$rs" | grep -q '"ok":true' || { echo "remote shards: $rs" >&2; exit 1; }
+      check_all "$rs" "$n" "from remote shards"
+      rsi=$(echo "$rs" | field records_per_s)
+      trs=$(/usr/bin/python3 bench/torch_images.py --workers 2 --batch 256 --shards $(cat "$work/slow_shards"))
+      trsi=$(echo "$trs" | field images_per_s)
+      echo "{\"bench\":\"images_remote_shards\",\"server\":\"nginx\",\"images\":$n,\"ttfb_ms\":50,\"sluice_images_per_s\":$rsi,\"cpu_ms_per_image\":$(echo "$rs" | field cpu_ms_per_record),\"peak_rss_bytes\":$(echo "$rs" | field peak_rss_bytes),\"local_shards_images_per_s\":$local_shards_ips,\"ratio_to_local\":$(ratio "$rsi" "$local_shards_ips"),\"dataloader_images_per_s\":$trsi,\"dataloader_cpu_ms_per_image\":$(echo "$trs" | field cpu_ms_per_image),\"ratio_to_dataloader\":$(ratio "$rsi" "$trsi")}"
+      echo "images from shards on nginx behind a 50 ms first byte: sluice $rsi img/s ($(echo "$rs" | field cpu_ms_per_record) CPU-ms/img, peak RSS $(echo "$rs" | field peak_rss_bytes) B), $(ratio "$rsi" "$local_shards_ips") x local shards; DataLoader (tarfile over urllib) $trsi img/s ($(echo "$trs" | field cpu_ms_per_image) CPU-ms/img), sluice $(ratio "$rsi" "$trsi") x" >&2
       ths=$(/usr/bin/python3 bench/torch_images.py --workers 2 --batch 256 --limit 1000 --urls "$work/slow_urls")
       thsi=$(echo "$ths" | field images_per_s)
-      echo "{\"bench\":\"images_remote\",\"server\":\"nginx\",\"images\":$n,\"ttfb_ms\":50,\"in_flight\":$inflight,\"sluice_images_per_s\":$hsi,\"sluice_no_latency_images_per_s\":$h0i,\"latency_hidden_ratio\":$(ratio "$hsi" "$h0i"),\"local_images_per_s\":$local_ips,\"ratio_to_local\":$(ratio "$hsi" "$local_ips"),\"cpu_ms_per_image\":$(echo "$hs" | field cpu_ms_per_record),\"local_cpu_ms_per_image\":$local_cpu,\"dataloader_images_per_s\":$thsi,\"ratio_to_dataloader\":$(ratio "$hsi" "$thsi")}"
-      echo "images from nginx behind a 50 ms first byte ($inflight in flight): $hsi img/s ($(echo "$hs" | field cpu_ms_per_record) CPU-ms/img), $(ratio "$hsi" "$local_ips") x local (goal >= 0.9); the same nginx with no delay $h0i img/s ($(echo "$h0" | field cpu_ms_per_record) CPU-ms/img): $(ratio "$hsi" "$h0i") x; DataLoader (urllib, first 1,000, 50 ms) $thsi img/s, sluice $(ratio "$hsi" "$thsi") x" >&2
+      echo "{\"bench\":\"images_remote\",\"server\":\"nginx\",\"images\":$n,\"ttfb_ms\":50,\"in_flight\":$inflight,\"sluice_images_per_s\":$hsi,\"sluice_no_latency_images_per_s\":$h0i,\"latency_hidden_ratio\":$(ratio "$hsi" "$h0i"),\"local_images_per_s\":$local_ips,\"ratio_to_local\":$(ratio "$hsi" "$local_ips"),\"cpu_ms_per_image\":$(echo "$hs" | field cpu_ms_per_record),\"local_cpu_ms_per_image\":$local_cpu,\"peak_rss_bytes\":$(echo "$hs" | field peak_rss_bytes),\"gpu_wait_share\":$(echo "$hsg" | field step_wait_share),\"dataloader_images_per_s\":$thsi,\"ratio_to_dataloader\":$(ratio "$hsi" "$thsi")}"
+      echo "images from nginx behind a 50 ms first byte ($inflight in flight): $hsi img/s ($(echo "$hs" | field cpu_ms_per_record) CPU-ms/img, peak RSS $(echo "$hs" | field peak_rss_bytes) B, GPU step waiting $(echo "$hsg" | field step_wait_share)), $(ratio "$hsi" "$local_ips") x local (goal >= 0.9); the same nginx with no delay $h0i img/s ($(echo "$h0" | field cpu_ms_per_record) CPU-ms/img): $(ratio "$hsi" "$h0i") x; DataLoader (urllib, first 1,000, 50 ms) $thsi img/s, sluice $(ratio "$hsi" "$thsi") x" >&2
     else
       echo "images from nginx behind 50 ms: skipped (needs libnginx-mod-http-echo: scripts/deps.sh --bench); the same nginx with no delay $h0i img/s, $(ratio "$h0i" "$local_ips") x local" >&2
     fi

@@ -1,13 +1,13 @@
 #!/usr/bin/python3
 """The peer of sluice-probe --images: PyTorch's DataLoader as image training reads today.
 
-    torch_images.py --loose DIR | --shards SHARD... | --urls FILE | --s3 ENDPOINT BUCKET FILE
+    torch_images.py --loose DIR | --shards SHARD_OR_URL... | --urls FILE | --s3 ENDPOINT BUCKET FILE
                     [--limit N] [--workers 2] [--batch 256] [--size 224] [--step-ms MS]
 
 --loose: an ImageFolder-like map-style dataset: each __getitem__ opens one file and
 decodes it with PIL (libjpeg-turbo), then RandomResizedCrop(size), RandomHorizontalFlip,
 PILToTensor; shuffled. --shards: an IterableDataset that reads tar shards with tarfile,
-as WebDataset does, shards split among workers. --urls: as --loose, each __getitem__
+as WebDataset does (a URL streamed over HTTP), shards split among workers. --urls: as --loose, each __getitem__
 GETs one URL of FILE (urllib); --s3: each __getitem__ is boto3's get_object of one key of
 FILE (path-style, credentials from the environment). --limit: the first N items only (a
 remote store at 20 requests/s per worker would take minutes). --step-ms: a simulated GPU step after each
@@ -87,7 +87,11 @@ class Shards(IterableDataset):
         info = get_worker_info()
         mine = self.shards[info.id :: info.num_workers] if info else self.shards
         for shard in mine:
-            with tarfile.open(shard) as tar:
+            # A URL is streamed (tarfile's "r|" mode over the HTTP response), as WebDataset
+            # reads remote shards.
+            remote = shard.startswith(("http://", "https://"))
+            with (urllib.request.urlopen(shard) if remote else open(shard, "rb")) as f, \
+                    tarfile.open(fileobj=f, mode="r|" if remote else "r") as tar:
                 image = None
                 for m in tar:
                     data = tar.extractfile(m).read()

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include <jpeglib.h>
+#include <jerror.h>  // the warning codes (JWRN_*) told apart in emit_message
 #include <spng.h>
 
 namespace sluice::imaging {
@@ -184,7 +185,8 @@ struct jpeg_errors {
     jpeg_error_mgr pub;
     std::jmp_buf jump;
     char message[JMSG_LENGTH_MAX];
-    int warnings;
+    int warnings;   // those that mean damaged or missing pixels
+    int max_scans;  // more scans is an error (see scratch::max_scans)
 };
 
 extern "C" {
@@ -194,10 +196,28 @@ inline void sluice_jpeg_error_exit(j_common_ptr c) {
     (*c->err->format_message)(c, e->message);
     std::longjmp(e->jump, 1);
 }
+// A warning that means the pixels are not what the file meant (data missing: libjpeg fills
+// the rest with grey; a bad Huffman code; a broken progression) is counted and fails the
+// image; one about metadata or stray bytes between markers, after which libjpeg decodes
+// the same pixels, is ignored, as PIL ignores it.
 inline void sluice_jpeg_emit_message(j_common_ptr c, int level) {
     if (level >= 0) return;  // trace messages
+    const int code = c->err->msg_code;
+    if (code == JWRN_JFIF_MAJOR || code == JWRN_ADOBE_XFORM || code == JWRN_EXTRANEOUS_DATA) return;
     auto* e = reinterpret_cast<jpeg_errors*>(c->err);
     if (e->warnings++ == 0) (*c->err->format_message)(c, e->message);
+}
+// A progressive JPEG of a few kilobytes can hold thousands of scans, each a pass over the
+// whole image: minutes of CPU for one image. libjpeg calls this as it reads; past the
+// limit the decode fails as on an error (TurboJPEG's TJFLAG_LIMITSCANS does the same).
+inline void sluice_jpeg_progress(j_common_ptr c) {
+    if (!c->is_decompressor) return;
+    auto* e = reinterpret_cast<jpeg_errors*>(c->err);
+    const int scan = reinterpret_cast<j_decompress_ptr>(c)->input_scan_number;
+    if (scan > e->max_scans) {
+        std::snprintf(e->message, sizeof e->message, "more than %d scans", e->max_scans);
+        std::longjmp(e->jump, 1);
+    }
 }
 }
 
@@ -207,14 +227,18 @@ inline void sluice_jpeg_emit_message(j_common_ptr c, int level) {
 struct jpeg_reader {
     jpeg_decompress_struct cinfo;
     jpeg_errors err;
+    jpeg_progress_mgr progress;
     bool created = false;
 
-    jpeg_reader() {
+    explicit jpeg_reader(int max_scans = 500) {
         std::memset(&cinfo, 0, sizeof cinfo);
         std::memset(&err, 0, sizeof err);
+        std::memset(&progress, 0, sizeof progress);
         cinfo.err = jpeg_std_error(&err.pub);
         err.pub.error_exit = sluice_jpeg_error_exit;
         err.pub.emit_message = sluice_jpeg_emit_message;
+        err.max_scans = max_scans;
+        progress.progress_monitor = sluice_jpeg_progress;
     }
     jpeg_reader(const jpeg_reader&) = delete;
     jpeg_reader& operator=(const jpeg_reader&) = delete;
@@ -228,6 +252,7 @@ inline bool jpeg_open(jpeg_reader& r, const std::uint8_t* data, std::size_t n) {
     if (setjmp(r.err.jump)) return false;
     jpeg_create_decompress(&r.cinfo);
     r.created = true;
+    r.cinfo.progress = &r.progress;
     jpeg_mem_src(&r.cinfo, data, static_cast<unsigned long>(n));
     jpeg_save_markers(&r.cinfo, JPEG_APP0 + 1, 0xFFFF);
     jpeg_read_header(&r.cinfo, TRUE);
@@ -378,6 +403,9 @@ struct scratch {
     plane stored;              // the stored region, before orientation
     plane region;              // PNG: the crop's stored region, before orientation
     std::vector<std::uint8_t> row;
+    /// A JPEG with more scans is a bad image: a few kilobytes of progressive scans can
+    /// cost minutes of CPU. Ordinary progressive JPEGs have about 10.
+    int max_scans = 500;
 };
 
 /// Decodes region `crop` (displayed coordinates, inside the image) of `data` into `out`:
@@ -396,7 +424,7 @@ void decode(std::span<const std::uint8_t> data, Choose choose, std::uint32_t min
         return crop;
     };
     if (detail::is_jpeg(data)) {
-        detail::jpeg_reader r;
+        detail::jpeg_reader r(s.max_scans);
         const header h = detail::jpeg_header(r, data, max_pixels);
         const rect crop = checked(h);
         unsigned denom = 1;

@@ -205,6 +205,7 @@ task<void> decode_images_worker(stage_context<In, image>& ctx, image_run& run) {
 /// offset and the reason (or, under on_corrupt::skip, counted in "corrupt").
 /// Example: `| sluice::decode_images({.size = 224, .concurrency = 6})`
 inline auto decode_images(image_options o = {}) {
+    if (o.size == 0) throw error("sluice: decode_images: .size must be at least 1 pixel");
     auto make = [o]<class In>() {
         static_assert(std::is_same_v<In, record> || std::is_same_v<In, sample>,
                       "sluice::decode_images takes records (raw(), tar()) or samples (webdataset())");

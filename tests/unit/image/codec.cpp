@@ -164,6 +164,42 @@ TEST_CASE("bad images are errors that say why, never a crash or a huge allocatio
                         Catch::Contains("crop outside the image"));
 }
 
+TEST_CASE("JPEG warnings about metadata are ignored, damaged data and too many scans are errors", "[image]") {
+    NEED_IMAGES();
+    const auto base = file("baseline.jpg");
+    const plane want = sluice::imaging::decode(span(base));
+    // PIL's JPEG starts with SOI and a JFIF APP0 segment: FF D8 FF E0 len 'JFIF' 0 major minor.
+    REQUIRE(base.size() > 20);
+    REQUIRE(base[2] == 0xFF);
+    REQUIRE(base[3] == 0xE0);
+    REQUIRE(std::string(base.begin() + 6, base.begin() + 10) == "JFIF");
+    // An unknown JFIF revision (libjpeg warns, decodes the same pixels).
+    auto revised = base;
+    revised[11] = 3;
+    // Stray bytes between the APP0 segment and the next marker (libjpeg warns "extraneous
+    // bytes before marker", skips them, decodes the same pixels).
+    auto stray = base;
+    const std::size_t after_app0 = 4 + (std::size_t(base[4]) << 8 | base[5]);
+    stray.insert(stray.begin() + std::ptrdiff_t(after_app0), {0x00, 0x17, 0x2A});
+    for (auto* v : {&revised, &stray}) {
+        const plane got = sluice::imaging::decode(span(*v));
+        REQUIRE(got.w == want.w);
+        REQUIRE(got.h == want.h);
+        CHECK(got.px == want.px);
+    }
+    // Damaged entropy-coded data still fails (bad-corrupt.jpg in the test above); so does a
+    // progressive JPEG with more scans than the limit (PIL's has about ten).
+    const auto prog = file("progressive.jpg");
+    sluice::imaging::scratch s;
+    plane p;
+    const auto [w, h] = size_of("progressive.jpg.size");
+    sluice::imaging::decode(span(prog), {0, 0, w, h}, w, h, p, s);
+    CHECK(p.w == w);
+    s.max_scans = 2;
+    REQUIRE_THROWS_WITH(sluice::imaging::decode(span(prog), {0, 0, w, h}, w, h, p, s),
+                        Catch::Contains("corrupt JPEG: more than 2 scans"));
+}
+
 TEST_CASE("EXIF orientation is read from the APP1 block, and a malformed one is ignored", "[image]") {
     // Big-endian TIFF header, IFD0 with one entry: orientation (0x0112), SHORT, 1, value 6.
     const std::uint8_t exif[] = {'E', 'x', 'i', 'f', 0, 0, 'M', 'M', 0, 42, 0, 0, 0, 8, 0, 1,

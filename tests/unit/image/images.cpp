@@ -171,6 +171,8 @@ TEST_CASE("a bad image names the shard, the key and the reason, or is skipped an
     REQUIRE(skipped.size() == 2);
     CHECK_THAT(skipped[1], Catch::Contains("#2") && Catch::Contains("corrupt PNG"));
     CHECK(sluice_test::counter(p.figures(), "decode_images", "corrupt") == 2);
+    // An output of no pixels is the caller's mistake, refused where the stage is made.
+    REQUIRE_THROWS_WITH(sluice::decode_images({.size = 0}), Catch::Contains(".size must be at least 1"));
 }
 
 TEST_CASE("webdataset samples: the image field decoded, the cls field is the label, batches are tensors", "[image]") {
