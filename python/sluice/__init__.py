@@ -1,0 +1,97 @@
+"""sluice from Python: the same stages, with the same option names, as the C++ library.
+
+    import sluice, torch
+    batches = (sluice.list("shards/shard-*.tar") | sluice.plan(epochs=2, seed=17)
+               | sluice.read() | sluice.webdataset() | sluice.decode_images(size=224)
+               | sluice.shuffle(buffer=4096) | sluice.batch_images(size=256, dtype="float32"))
+    p = sluice.Pipeline(batches)
+    for b in p:                       # waits with the GIL released
+        x = torch.from_dlpack(b)      # [256, 3, 224, 224], no copy
+        y = torch.from_dlpack(b.labels)
+
+A chain is a list of stage specs, (name, options); `|` joins chains. The C++ side checks,
+when the Pipeline is made, that each stage takes what the chain before it gives, and
+that each option exists. Errors are sluice.Error (sluice.SourceError for a source that
+cannot be read), with the C++ library's text.
+"""
+import json as _json
+
+from . import _sluice
+from ._sluice import Error, SourceError  # noqa: F401
+
+__all__ = ["Chain", "Pipeline", "Error", "SourceError", "list", "plan", "read", "fetch", "raw", "tar",
+           "tfrecord", "recordio", "lines", "webdataset", "decode_images", "shuffle", "batch",
+           "batch_images", "to_device"]
+
+
+class Chain:
+    """Stages not yet run: join with `|`, run with Pipeline(chain)."""
+
+    def __init__(self, specs):
+        self.specs = specs
+
+    def __or__(self, other):
+        if not isinstance(other, Chain):
+            return NotImplemented
+        return Chain(self.specs + other.specs)
+
+    def __repr__(self):
+        return " | ".join("%s(%s)" % (n, ", ".join("%s=%r" % kv for kv in o.items())) for n, o in self.specs)
+
+
+def _stage(name):
+    def make(**options):
+        return Chain([(name, options)])
+    make.__name__ = name
+    make.__doc__ = "sluice.%s(**options): the C++ stage sluice::%s, with its option names." % (name, name)
+    return make
+
+
+def list(*patterns):  # noqa: A001 (the C++ name)
+    """The URLs or paths matching the patterns (globs, {a..b} ranges, s3:// prefixes)."""
+    return Chain([("list", {"patterns": [str(p) for p in patterns]})])
+
+
+plan = _stage("plan")
+read = _stage("read")
+fetch = _stage("fetch")
+raw = _stage("raw")
+tar = _stage("tar")
+tfrecord = _stage("tfrecord")
+recordio = _stage("recordio")
+lines = _stage("lines")
+webdataset = _stage("webdataset")
+decode_images = _stage("decode_images")
+shuffle = _stage("shuffle")
+batch = _stage("batch")
+batch_images = _stage("batch_images")
+to_device = _stage("to_device")
+
+
+class Pipeline:
+    """Runs a chain that ends in batches. Iterate it; state() is the data position
+    (bytes) that Pipeline(chain, resume=state) goes on from; figures() the per-stage
+    figures as a dict; stop() ends it (so does Ctrl-C while it waits, and del)."""
+
+    def __init__(self, chain, resume=b"", threads=0):
+        if isinstance(resume, (bytes, bytearray)):
+            resume = bytes(resume).decode()
+        self._p = _sluice.Pipeline(chain.specs, resume, threads)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self._p.next()
+
+    def state(self):
+        return self._p.state()
+
+    def figures(self):
+        return _json.loads(self._p.figures_json())
+
+    def table(self):
+        return self._p.table()
+
+    def stop(self):
+        self._p.stop()

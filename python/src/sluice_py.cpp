@@ -1,0 +1,438 @@
+// sluice's Python module, the C++ side (pybind11). Python composes a chain of stage
+// specs, each a (name, options) pair with the C++ stage's name and option names
+// (python/sluice/__init__.py); build() folds them into one typed sluice source, checking
+// at each step that the stage takes what the chain so far gives, and Pipeline runs it.
+// Batches are DLPack producers: __dlpack__ hands out a capsule whose deleter keeps the
+// batch's memory (and, after to_device, its ring slot) until the consumer drops it.
+#include <sluice/image.hpp>
+#include <sluice/sluice.hpp>
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <variant>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+using any_source = std::variant<sluice::source<std::string>, sluice::source<sluice::shard>, sluice::source<sluice::chunk>,
+                                sluice::source<sluice::record>, sluice::source<sluice::sample>,
+                                sluice::source<sluice::image>, sluice::source<sluice::host_batch>,
+                                sluice::source<sluice::device_batch>>;
+
+template <class T>
+constexpr const char* type_name() {
+    if constexpr (std::is_same_v<T, std::string>) return "URLs";
+    else if constexpr (std::is_same_v<T, sluice::shard>) return "shards";
+    else if constexpr (std::is_same_v<T, sluice::chunk>) return "chunks";
+    else if constexpr (std::is_same_v<T, sluice::record>) return "records";
+    else if constexpr (std::is_same_v<T, sluice::sample>) return "samples";
+    else if constexpr (std::is_same_v<T, sluice::image>) return "images";
+    else if constexpr (std::is_same_v<T, sluice::host_batch>) return "batches";
+    else return "device batches";
+}
+
+/// Options of one stage, read by name with the C++ option's type; a name the stage does
+/// not know is an error (a typo must not pass silently).
+class options {
+public:
+    options(std::string stage, py::dict d) : stage_(std::move(stage)), d_(std::move(d)) {}
+    template <class T>
+    void get(const char* name, T& into) {
+        used_.push_back(name);
+        if (d_.contains(name) && !d_[name].is_none()) into = d_[name].cast<T>();
+    }
+    template <class T>
+    void get(const char* name, std::optional<T>& into) {
+        used_.push_back(name);
+        if (d_.contains(name) && !d_[name].is_none()) into = d_[name].cast<T>();
+    }
+    void done() const {
+        for (auto item : d_) {
+            const auto k = item.first.cast<std::string>();
+            if (std::find(used_.begin(), used_.end(), k) == used_.end())
+                throw py::type_error("sluice." + stage_ + "() has no option '" + k + "'");
+        }
+    }
+
+private:
+    std::string stage_;
+    py::dict d_;
+    std::vector<std::string> used_;
+};
+
+sluice::decode_options decode_opts(options& o) {
+    sluice::decode_options d;
+    std::string corrupt = "error";
+    o.get("on_corrupt", corrupt);
+    if (corrupt != "error" && corrupt != "skip") throw py::value_error("on_corrupt is 'error' or 'skip', not '" + corrupt + "'");
+    d.on_corrupt = corrupt == "skip" ? sluice::on_corrupt::skip : sluice::on_corrupt::error;
+    o.get("verify", d.verify);
+    o.get("max_record_bytes", d.max_record_bytes);
+    return d;
+}
+
+/// Appends the stage `name` to `s`, or throws TypeError naming what it takes and what
+/// the chain gives.
+template <class T>
+any_source append(sluice::source<T> s, const std::string& name, options& o) {
+    auto wrong = [&](const char* takes) -> any_source {
+        throw py::type_error("sluice." + name + "() takes " + takes + ", but the chain before it gives " + type_name<T>());
+    };
+    if (name == "plan") {
+        if constexpr (!std::is_same_v<T, std::string>) return wrong("URLs (list())");
+        else {
+            sluice::plan_options p;
+            o.get("epochs", p.epochs);
+            o.get("seed", p.seed);
+            o.get("rank", p.rank);
+            o.get("world", p.world);
+            o.done();
+            return std::move(s) | sluice::plan(p);
+        }
+    }
+    if (name == "read" || name == "fetch") {
+        if constexpr (!std::is_same_v<T, sluice::shard>) return wrong("shards (plan())");
+        else if (name == "read") {
+            sluice::read_options r;
+            o.get("chunk_size", r.chunk_size);
+            o.get("concurrency", r.concurrency);
+            o.get("map", r.map);
+            o.done();
+            return std::move(s) | sluice::read(r);
+        } else {
+            sluice::fetch_options f;
+            o.get("concurrency", f.concurrency);
+            o.get("part_size", f.part_size);
+            o.get("retries", f.retries);
+            bool ordered = false;
+            o.get("ordered", ordered);
+            if (ordered) f.order = sluice::ordering::ordered;
+            o.done();
+            return std::move(s) | sluice::fetch(f);
+        }
+    }
+    if (name == "raw" || name == "tar" || name == "tfrecord" || name == "recordio" || name == "lines" ||
+        name == "webdataset") {
+        if constexpr (!std::is_same_v<T, sluice::chunk>) return wrong("chunks (read() or fetch())");
+        else {
+            auto d = decode_opts(o);
+            o.done();
+            if (name == "raw") return std::move(s) | sluice::raw(d);
+            if (name == "tar") return std::move(s) | sluice::tar(d);
+            if (name == "tfrecord") return std::move(s) | sluice::tfrecord(d);
+            if (name == "recordio") return std::move(s) | sluice::recordio(d);
+            if (name == "lines") return std::move(s) | sluice::lines(d);
+            return std::move(s) | sluice::webdataset(d);
+        }
+    }
+    if (name == "decode_images") {
+        if constexpr (!std::is_same_v<T, sluice::record> && !std::is_same_v<T, sluice::sample>)
+            return wrong("records or samples (raw(), tar(), webdataset())");
+        else {
+            sluice::image_options i;
+            std::string mode = "train", corrupt = "error";
+            o.get("mode", mode);
+            if (mode != "train" && mode != "eval") throw py::value_error("mode is 'train' or 'eval', not '" + mode + "'");
+            i.mode = mode == "train" ? sluice::image_mode::train : sluice::image_mode::eval;
+            o.get("size", i.size);
+            o.get("resize", i.resize);
+            o.get("flip", i.flip);
+            o.get("seed", i.seed);
+            o.get("fields", i.fields);
+            o.get("label_field", i.label_field);
+            o.get("label_key", i.label_key);
+            o.get("max_pixels", i.max_pixels);
+            o.get("on_corrupt", corrupt);
+            i.on_corrupt = corrupt == "skip" ? sluice::on_corrupt::skip : sluice::on_corrupt::error;
+            o.get("concurrency", i.concurrency);
+            o.done();
+            return std::move(s) | sluice::decode_images(i);
+        }
+    }
+    if (name == "shuffle") {
+        if constexpr (!std::is_same_v<T, sluice::record> && !std::is_same_v<T, sluice::sample> &&
+                      !std::is_same_v<T, sluice::image>)
+            return wrong("records, samples or images");
+        else {
+            sluice::shuffle_options sh;
+            o.get("buffer", sh.buffer);
+            o.get("seed", sh.seed);
+            o.done();
+            return std::move(s) | sluice::shuffle(sh);
+        }
+    }
+    if (name == "batch") {
+        if constexpr (!std::is_same_v<T, sluice::record>) return wrong("records");
+        else {
+            sluice::batch_options b;
+            o.get("size", b.size);
+            o.get("drop_last", b.drop_last);
+            o.done();
+            return std::move(s) | sluice::batch(b);
+        }
+    }
+    if (name == "batch_images") {
+        if constexpr (!std::is_same_v<T, sluice::image>) return wrong("images (decode_images())");
+        else {
+            sluice::image_batch_options b;
+            std::string layout = "nchw", dtype = "uint8";
+            o.get("size", b.size);
+            o.get("drop_last", b.drop_last);
+            o.get("layout", layout);
+            o.get("dtype", dtype);
+            o.get("mean", b.mean);
+            o.get("std", b.std);
+            o.done();
+            if (layout != "nchw" && layout != "nhwc") throw py::value_error("layout is 'nchw' or 'nhwc', not '" + layout + "'");
+            if (dtype != "uint8" && dtype != "float32")
+                throw py::value_error("dtype is 'uint8' or 'float32', not '" + dtype + "'");
+            b.layout = layout == "nchw" ? sluice::tensor_layout_kind::nchw : sluice::tensor_layout_kind::nhwc;
+            b.dtype = dtype == "uint8" ? sluice::pixel_type::uint8 : sluice::pixel_type::float32;
+            return std::move(s) | sluice::batch_images(b);
+        }
+    }
+    if (name == "to_device") {
+        if constexpr (!std::is_same_v<T, sluice::host_batch>) return wrong("batches (batch(), batch_images())");
+        else {
+            sluice::to_device_options t;
+            o.get("ring", t.ring);
+            o.done();
+            // The host engine: Debian's PyTorch is CPU only; a CUDA engine would go here.
+            return std::move(s) | sluice::to_device(t, std::make_shared<sluice::host_engine>());
+        }
+    }
+    throw py::value_error("sluice has no stage '" + name + "'");
+}
+
+any_source build(const py::list& specs) {
+    if (specs.empty()) throw py::value_error("an empty chain: start it with sluice.list(...)");
+    auto first = specs[0].cast<py::tuple>();
+    if (first[0].cast<std::string>() != "list") throw py::value_error("a pipeline starts with sluice.list(...)");
+    options lo("list", first[1].cast<py::dict>());
+    std::vector<std::string> patterns;
+    lo.get("patterns", patterns);
+    lo.done();
+    any_source s = sluice::list(patterns);
+    for (std::size_t i = 1; i < specs.size(); ++i) {
+        auto spec = specs[i].cast<py::tuple>();
+        const auto name = spec[0].cast<std::string>();
+        options o(name, spec[1].cast<py::dict>());
+        s = std::visit([&](auto src) { return append(std::move(src), name, o); }, std::move(s));
+    }
+    return s;
+}
+
+/// One tensor of a batch, as a DLPack producer: the batch's data (`images` of an image
+/// batch) or its labels. Holds the batch alive until the capsule's consumer lets go.
+struct tensor_view {
+    std::shared_ptr<const void> owner;      // keeps the batch (and its slot) alive
+    std::function<sluice::dlpack_ptr()> export_;
+    std::vector<std::int64_t> shape;
+    std::string dtype;
+    std::uintptr_t data = 0;
+
+    py::capsule dlpack(py::object /*stream*/) const {
+        sluice::dlpack_ptr t = export_();
+        // The DLPack protocol: a capsule named "dltensor"; the consumer renames it
+        // "used_dltensor" and calls the deleter itself. Unconsumed, ours calls it.
+        return py::capsule(t.release(), "dltensor", [](PyObject* cap) {
+            if (PyCapsule_IsValid(cap, "dltensor")) {
+                auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
+                if (m && m->deleter) m->deleter(m);
+            }
+        });
+    }
+};
+
+std::string dtype_of(const DLDataType& t) {
+    const char* base = t.code == kDLFloat ? "float" : t.code == kDLInt ? "int" : t.code == kDLUInt ? "uint" : "other";
+    return base + std::to_string(t.bits);
+}
+
+tensor_view view_of(std::shared_ptr<const void> owner, std::function<sluice::dlpack_ptr()> f) {
+    tensor_view v{std::move(owner), std::move(f), {}, {}, 0};
+    auto t = v.export_();
+    v.shape.assign(t->dl_tensor.shape, t->dl_tensor.shape + t->dl_tensor.ndim);
+    v.dtype = dtype_of(t->dl_tensor.dtype);
+    v.data = reinterpret_cast<std::uintptr_t>(t->dl_tensor.data);
+    return v;
+}
+
+/// A batch handed to Python: host (batch(), batch_images()) or from to_device.
+struct py_batch {
+    std::shared_ptr<sluice::host_batch> host;
+    std::shared_ptr<sluice::device_batch> device;
+
+    const sluice::host_batch& h() const { return device ? device->host() : *host; }
+    std::shared_ptr<const void> owner() const {
+        return device ? std::shared_ptr<const void>(device) : std::shared_ptr<const void>(host);
+    }
+    tensor_view data() const {
+        if (device) {
+            auto d = device;
+            return view_of(d, [d] {
+                d->synchronize();
+                return d->dlpack();
+            });
+        }
+        auto hb = host;
+        return view_of(hb, [hb] { return sluice::to_dlpack(*hb); });
+    }
+    tensor_view labels() const {
+        auto o = owner();
+        const sluice::host_batch* hb = &h();
+        return view_of(o, [o, hb] { return sluice::labels_to_dlpack(*hb); });
+    }
+};
+
+using any_pipeline = std::variant<std::unique_ptr<sluice::pipeline<sluice::host_batch>>,
+                                  std::unique_ptr<sluice::pipeline<sluice::device_batch>>>;
+
+/// Runs a chain; next() waits with the GIL released and looks for Ctrl-C (or any Python
+/// signal handler's exception) every 100 ms, stopping the pipeline when one is raised.
+class py_pipeline {
+public:
+    py_pipeline(const py::list& specs, const std::string& resume, unsigned threads) {
+        sluice::pipeline_options po{.runtime = {.cpu_threads = threads}, .resume = resume};
+        std::visit(
+            [&](auto src) {
+                using S = decltype(src);
+                using T = typename S::output_type;
+                if constexpr (std::is_same_v<T, sluice::host_batch> || std::is_same_v<T, sluice::device_batch>)
+                    p_ = std::make_unique<sluice::pipeline<T>>(std::move(src), po);
+                else
+                    throw py::type_error(std::string("a Python pipeline ends in batches (batch(), batch_images(), "
+                                                     "to_device()), not ") + type_name<T>());
+            },
+            build(specs));
+    }
+    ~py_pipeline() { stop(); }
+
+    py::object next() {
+        // The wait runs on a thread of its own so this one can look for signals.
+        struct shared {
+            std::mutex m;
+            std::condition_variable cv;
+            bool done = false;
+            std::optional<py_batch> got;
+            std::exception_ptr error;
+        };
+        auto sh = std::make_shared<shared>();
+        std::thread waiter([this, sh] {
+            std::optional<py_batch> b;
+            std::exception_ptr e;
+            try {
+                std::visit(
+                    [&](auto& p) {
+                        if (auto v = p->next_blocking()) {
+                            py_batch pb;
+                            if constexpr (std::is_same_v<std::decay_t<decltype(*v)>, sluice::host_batch>)
+                                pb.host = std::make_shared<sluice::host_batch>(std::move(*v));
+                            else
+                                pb.device = std::make_shared<sluice::device_batch>(std::move(*v));
+                            b = std::move(pb);
+                        }
+                    },
+                    p_);
+            } catch (...) {
+                e = std::current_exception();
+            }
+            std::lock_guard lock(sh->m);
+            sh->got = std::move(b);
+            sh->error = e;
+            sh->done = true;
+            sh->cv.notify_all();
+        });
+        bool interrupted = false;
+        for (;;) {
+            {
+                py::gil_scoped_release nogil;
+                std::unique_lock lock(sh->m);
+                if (sh->cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return sh->done; })) break;
+            }
+            if (PyErr_CheckSignals() != 0) {  // KeyboardInterrupt and the like: stop, then raise
+                interrupted = true;
+                {
+                    py::gil_scoped_release nogil;
+                    stop();
+                }
+                break;
+            }
+        }
+        {
+            py::gil_scoped_release nogil;
+            waiter.join();
+        }
+        if (interrupted) throw py::error_already_set();
+        if (sh->error) std::rethrow_exception(sh->error);
+        if (!sh->got) throw py::stop_iteration();
+        return py::cast(std::move(*sh->got));
+    }
+
+    void stop() {
+        std::visit([](auto& p) { if (p) p->stop(); }, p_);
+    }
+    py::bytes state() {
+        return std::visit([](auto& p) { return py::bytes(p->state()); }, p_);
+    }
+    std::string figures_json() const {
+        return std::visit([](auto& p) { return p->figures().json(); }, p_);
+    }
+    std::string table() const {
+        return std::visit([](auto& p) { return p->figures().table(); }, p_);
+    }
+
+private:
+    any_pipeline p_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_sluice, m) {
+    m.doc() = "sluice's C++ core; use the sluice package";
+    auto base = py::register_exception<sluice::error>(m, "Error", PyExc_RuntimeError);
+    py::register_exception<sluice::source_error>(m, "SourceError", base.ptr());
+
+    py::class_<tensor_view>(m, "Tensor")
+        .def("__dlpack__", &tensor_view::dlpack, py::arg("stream") = py::none())
+        .def("__dlpack_device__", [](const tensor_view&) { return py::make_tuple(int(kDLCPU), 0); })
+        .def_readonly("shape", &tensor_view::shape)
+        .def_readonly("dtype", &tensor_view::dtype)
+        .def_readonly("data_ptr", &tensor_view::data);
+
+    py::class_<py_batch>(m, "Batch")
+        .def_property_readonly("data", &py_batch::data)
+        .def_property_readonly("images", &py_batch::data)
+        .def_property_readonly("labels", &py_batch::labels)
+        .def("__dlpack__", [](const py_batch& b, py::object s) { return b.data().dlpack(s); }, py::arg("stream") = py::none())
+        .def("__dlpack_device__", [](const py_batch&) { return py::make_tuple(int(kDLCPU), 0); })
+        .def("__len__", [](const py_batch& b) { return b.h().size(); })
+        .def("key", [](const py_batch& b, std::size_t i) {
+            if (i >= b.h().size()) throw py::index_error("record " + std::to_string(i) + " of a batch of " + std::to_string(b.h().size()));
+            return b.h().key(i);
+        })
+        .def("record", [](const py_batch& b, std::size_t i) {
+            const auto& h = b.h();
+            if (i >= h.size()) throw py::index_error("record " + std::to_string(i) + " of a batch of " + std::to_string(h.size()));
+            return py::bytes(reinterpret_cast<const char*>(h.data.data()) + h.offsets[i], h.offsets[i + 1] - h.offsets[i]);
+        });
+
+    py::class_<py_pipeline>(m, "Pipeline")
+        .def(py::init<const py::list&, const std::string&, unsigned>(), py::arg("specs"), py::arg("resume") = "",
+             py::arg("threads") = 0)
+        .def("next", &py_pipeline::next)
+        .def("stop", &py_pipeline::stop, py::call_guard<py::gil_scoped_release>())
+        .def("state", &py_pipeline::state)
+        .def("figures_json", &py_pipeline::figures_json)
+        .def("table", &py_pipeline::table);
+}
