@@ -5,7 +5,9 @@
 #   scripts/deps.sh          what the build and the demo need (with the image layer's
 #                            libjpeg-turbo, libspng and OpenCV imgproc)
 #   scripts/deps.sh --test   and what the tests need: libtorch-dev (the libtorch trainer
-#                            example), python3 (its tarfile writes the tar
+#                            example), python3-dev, pybind11-dev, python3-pip,
+#                            python3-setuptools and python3-torch (the Python module, its
+#                            pip install and its tests), python3 (its tarfile writes the tar
 #                            test archives and runs the fault-injecting HTTP server),
 #                            clang and libFuzzer (the fuzz targets), nginx (HTTP tests),
 #                            Node.js + npm and s3rver (S3 listing tests, installed into
@@ -27,8 +29,11 @@ packages=(g++ make cmake libasio-dev catch2 zlib1g-dev libcurl4-openssl-dev libp
           libjpeg62-turbo-dev libspng-dev libopencv-imgproc-dev)
 # The tests also check decoded images against PIL's (Debian's python3-pil, with numpy), and
 # restart-marker JPEGs made by libjpeg-turbo's cjpeg (libjpeg-turbo-progs).
-# libtorch (libtorch-dev, CPU) for the C++ trainer example the tests build and run.
-[ $test_deps = 1 ] && packages+=(python3 clang libclang-rt-dev nginx python3-pil python3-numpy libjpeg-turbo-progs libtorch-dev)
+# libtorch (libtorch-dev, CPU) for the C++ trainer example the tests build and run; the
+# Python module's build (python3-dev, pybind11-dev), its pip install (python3-pip,
+# python3-setuptools) and its tests (python3-torch: torch.from_dlpack).
+[ $test_deps = 1 ] && packages+=(python3 clang libclang-rt-dev nginx python3-pil python3-numpy libjpeg-turbo-progs libtorch-dev
+                                 python3-dev pybind11-dev python3-pip python3-setuptools python3-torch)
 # bench/run.sh's peers: PyTorch's DataLoader with torchvision, and boto3 in its workers
 # (Debian's, for /usr/bin/python3); nginx's echo_sleep delays the first byte of the remote rows.
 [ $bench_deps = 1 ] && packages+=(python3-torch python3-torchvision python3-boto3 libnginx-mod-http-echo)

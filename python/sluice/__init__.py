@@ -11,7 +11,9 @@
 
 A chain is a list of stage specs, (name, options); `|` joins chains. The C++ side checks,
 when the Pipeline is made, that each stage takes what the chain before it gives, and
-that each option exists. Errors are sluice.Error (sluice.SourceError for a source that
+that each option exists. After to_device(ring=N), a batch (or a tensor made from it)
+holds its ring slot until dropped; a for loop's variable keeps the previous batch while
+the next is fetched, so keeping k batches needs ring >= k + 2. Errors are sluice.Error (sluice.SourceError for a source that
 cannot be read), with the C++ library's text.
 """
 import json as _json

@@ -1,0 +1,157 @@
+"""The Python module's tests, run by CTest with Debian's Python (/usr/bin/python3) and
+PYTHONPATH at the build's python/ folder. SLUICE_GEN names sluice-gen (the test data).
+Needs numpy; the torch checks run where Debian's python3-torch is installed, and say
+"[test skipped]" where it is not."""
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import unittest
+
+import numpy
+
+import sluice
+
+try:
+    import torch
+except ImportError:  # reported per test
+    torch = None
+
+DATA = None
+
+
+def setUpModule():
+    global DATA
+    DATA = tempfile.TemporaryDirectory()
+    subprocess.run([os.environ["SLUICE_GEN"], DATA.name, "--images", "--jpeg-only", "--format", "tar",
+                    "--files", "2", "--records", "100", "--classes", "4", "--seed", "5"],
+                   check=True, stdout=subprocess.DEVNULL)
+
+
+def tearDownModule():
+    DATA.cleanup()
+
+
+def images(**batch):
+    batch.setdefault("size", 16)
+    return (sluice.list(os.path.join(DATA.name, "shard-*.tar")) | sluice.plan(epochs=2, seed=17)
+            | sluice.read() | sluice.webdataset() | sluice.decode_images(size=32, concurrency=2)
+            | sluice.shuffle(buffer=64) | sluice.batch_images(**batch))
+
+
+def label_runs(p):
+    return [tuple(numpy.from_dlpack(b.labels).tolist()) for b in p]
+
+
+class Batches(unittest.TestCase):
+    def test_numpy_takes_batches_without_a_copy(self):
+        p = sluice.Pipeline(images(dtype="float32", mean=[0.5, 0.5, 0.5], std=[0.25, 0.25, 0.25]))
+        b = next(p)
+        x, y = numpy.from_dlpack(b), numpy.from_dlpack(b.labels)
+        self.assertEqual(x.shape, (16, 3, 32, 32))
+        self.assertEqual(x.dtype, numpy.float32)
+        self.assertEqual(y.dtype, numpy.int64)
+        self.assertEqual(x.ctypes.data, b.data.data_ptr)  # the batch's memory itself
+        self.assertTrue(((y >= 0) & (y < 4)).all())
+        self.assertTrue(-2.1 <= x.min() and x.max() <= 2.1)  # (pixel / 255 - 0.5) / 0.25
+
+    def test_torch_takes_batches_without_a_copy_and_they_stay_valid_while_held(self):
+        if torch is None:
+            print("[test skipped] torch.from_dlpack needs Debian's python3-torch")
+            return
+        # A ring of 3: one batch held below, and a for loop's variable keeps the previous
+        # batch while the next is fetched.
+        p = sluice.Pipeline(images() | sluice.to_device(ring=3))
+        first = next(p)
+        held = torch.from_dlpack(first)
+        self.assertEqual(held.data_ptr(), first.data.data_ptr)
+        self.assertEqual(tuple(held.shape), (16, 3, 32, 32))
+        self.assertEqual(held.dtype, torch.uint8)
+        copy = held.clone()
+        del first  # the tensor alone keeps the batch's ring slot and memory
+        seen = set()
+        for b in p:  # 25 more batches through the 2 other slots
+            seen.add(torch.from_dlpack(b).data_ptr())
+        self.assertTrue(torch.equal(held, copy))  # never overwritten while held
+        self.assertNotIn(held.data_ptr(), seen)
+        # Dropped batches went back to the ring and were reused: the two other slots only.
+        self.assertEqual(len(seen), 2)
+
+    def test_resume_gives_exactly_the_batches_that_were_left(self):
+        whole = label_runs(sluice.Pipeline(images()))
+        self.assertEqual(len(whole), 2 * 13)  # two epochs of 200: 12 batches of 16 and one of 8 each
+        p = sluice.Pipeline(images())
+        head = [tuple(numpy.from_dlpack(next(p).labels).tolist()) for _ in range(9)]
+        state = p.state()
+        self.assertIsInstance(state, bytes)
+        p.stop()
+        rest = label_runs(sluice.Pipeline(images(), resume=state))
+        self.assertEqual(head + rest, whole)
+
+    def test_figures_are_a_dict_per_stage(self):
+        p = sluice.Pipeline(images())
+        n = sum(len(b) for b in p)
+        self.assertEqual(n, 400)
+        f = p.figures()
+        names = [s["name"] for s in f["stages"]]
+        self.assertIn("decode_images", names)
+        self.assertIn(f["bottleneck"], names)
+        self.assertIn("decode_images", p.table())
+
+
+class Errors(unittest.TestCase):
+    def test_a_stage_that_does_not_take_what_the_chain_gives_is_named(self):
+        chain = sluice.list(DATA.name) | sluice.plan() | sluice.read() | sluice.batch_images(size=4)
+        with self.assertRaisesRegex(TypeError, r"batch_images\(\) takes images .* gives chunks"):
+            sluice.Pipeline(chain)
+
+    def test_an_unknown_option_is_named(self):
+        with self.assertRaisesRegex(TypeError, r"sluice.plan\(\) has no option 'epoch'"):
+            sluice.Pipeline(sluice.list(DATA.name) | sluice.plan(epoch=2))
+
+    def test_a_missing_source_is_a_source_error_with_the_library_text(self):
+        missing = os.path.join(DATA.name, "nothing-*.tar")
+        with self.assertRaises(sluice.SourceError) as e:
+            for _ in sluice.Pipeline(sluice.list(missing) | sluice.plan() | sluice.read() | sluice.raw()
+                                     | sluice.batch(size=4)):
+                pass
+        self.assertIn("no file matches '%s'" % missing, str(e.exception))
+        self.assertIsInstance(e.exception, sluice.Error)
+
+    def test_a_corrupt_image_names_the_shard_and_the_key(self):
+        bad = os.path.join(DATA.name, "bad")
+        os.mkdir(bad)
+        with open(os.path.join(bad, "img.jpg"), "wb") as f:
+            f.write(b"\xff\xd8\xff\xe0 not a JPEG at all")
+        chain = (sluice.list(bad + "/*.jpg") | sluice.plan() | sluice.read() | sluice.raw()
+                 | sluice.decode_images(size=8) | sluice.batch_images(size=1))
+        with self.assertRaisesRegex(sluice.SourceError, r"image .*img\.jpg.*corrupt JPEG"):
+            list(sluice.Pipeline(chain))
+
+
+class Stop(unittest.TestCase):
+    def test_ctrl_c_while_waiting_stops_the_pipeline_promptly(self):
+        # A server that accepts and never answers: fetch waits on it until stopped.
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(16)
+        url = "http://127.0.0.1:%d/never.tar" % srv.getsockname()[1]
+        p = sluice.Pipeline(sluice.list(url) | sluice.plan() | sluice.fetch(retries=0) | sluice.raw()
+                            | sluice.batch(size=1))
+        timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+        t0 = time.monotonic()
+        timer.start()
+        try:
+            with self.assertRaises(KeyboardInterrupt):
+                next(p)
+        finally:
+            timer.cancel()
+            srv.close()
+        self.assertLess(time.monotonic() - t0, 3.0)  # 0.5 s to the signal, then at most ~1 s
+
+
+if __name__ == "__main__":
+    unittest.main()
