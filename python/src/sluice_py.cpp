@@ -70,6 +70,15 @@ private:
     std::vector<std::string> used_;
 };
 
+/// `order="ordered"|"unordered"`: the C++ `.order` (sluice::ordering).
+void order_opt(options& o, sluice::ordering& into) {
+    std::optional<std::string> v;
+    o.get("order", v);
+    if (!v) return;
+    if (*v != "ordered" && *v != "unordered") throw py::value_error("order is 'ordered' or 'unordered', not '" + *v + "'");
+    into = *v == "ordered" ? sluice::ordering::ordered : sluice::ordering::unordered;
+}
+
 sluice::decode_options decode_opts(options& o) {
     sluice::decode_options d;
     std::string corrupt = "error";
@@ -107,6 +116,7 @@ any_source append(sluice::source<T> s, const std::string& name, options& o) {
             o.get("chunk_size", r.chunk_size);
             o.get("concurrency", r.concurrency);
             o.get("map", r.map);
+            order_opt(o, r.order);
             o.done();
             return std::move(s) | sluice::read(r);
         } else {
@@ -114,9 +124,7 @@ any_source append(sluice::source<T> s, const std::string& name, options& o) {
             o.get("concurrency", f.concurrency);
             o.get("part_size", f.part_size);
             o.get("retries", f.retries);
-            bool ordered = false;
-            o.get("ordered", ordered);
-            if (ordered) f.order = sluice::ordering::ordered;
+            order_opt(o, f.order);
             o.done();
             return std::move(s) | sluice::fetch(f);
         }

@@ -102,6 +102,23 @@ class Batches(unittest.TestCase):
         self.assertIn("decode_images", p.table())
 
 
+class Readme(unittest.TestCase):
+    def test_the_readme_loop_runs_as_written(self):
+        if torch is None:
+            print("[test skipped] the README's loop needs Debian's python3-torch")
+            return
+        readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+        section = readme[readme.index("## From Python"):]
+        code = section[section.index("```python\n") + 10:]
+        code = code[:code.index("```")]
+        self.assertIn("torch.from_dlpack(b)", code)
+        # The README's data folder is the test's; the rest runs as written.
+        scope = {}
+        exec(compile(code.replace("/tmp/imgs", DATA.name), "README.md", "exec"), scope)
+        self.assertIn("decode_images", scope["p"].table())
+        self.assertTrue(torch.isfinite(scope["loss"]))
+
+
 class Errors(unittest.TestCase):
     def test_a_stage_that_does_not_take_what_the_chain_gives_is_named(self):
         chain = sluice.list(DATA.name) | sluice.plan() | sluice.read() | sluice.batch_images(size=4)
