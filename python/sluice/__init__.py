@@ -95,5 +95,10 @@ class Pipeline:
     def table(self):
         return self._p.table()
 
+    def memory(self):
+        """to_device's memory (the ring's buffers) as a dict: reserved_bytes, in_use_bytes
+        (held by batches or tensors), free_bytes, allocations; {} without to_device."""
+        return self._p.memory()
+
     def stop(self):
         self._p.stop()

@@ -92,8 +92,13 @@ sluice::decode_options decode_opts(options& o) {
 
 /// Appends the stage `name` to `s`, or throws TypeError naming what it takes and what
 /// the chain gives.
+/// What the chain made that the Pipeline reports on: to_device's engine.
+struct built {
+    std::shared_ptr<sluice::host_engine> engine;
+};
+
 template <class T>
-any_source append(sluice::source<T> s, const std::string& name, options& o) {
+any_source append(sluice::source<T> s, const std::string& name, options& o, built& b) {
     auto wrong = [&](const char* takes) -> any_source {
         throw py::type_error("sluice." + name + "() takes " + takes + ", but the chain before it gives " + type_name<T>());
     };
@@ -216,13 +221,14 @@ any_source append(sluice::source<T> s, const std::string& name, options& o) {
             o.get("ring", t.ring);
             o.done();
             // The host engine: Debian's PyTorch is CPU only; a CUDA engine would go here.
-            return std::move(s) | sluice::to_device(t, std::make_shared<sluice::host_engine>());
+            b.engine = std::make_shared<sluice::host_engine>();
+            return std::move(s) | sluice::to_device(t, b.engine);
         }
     }
     throw py::value_error("sluice has no stage '" + name + "'");
 }
 
-any_source build(const py::list& specs) {
+any_source build(const py::list& specs, built& b) {
     if (specs.empty()) throw py::value_error("an empty chain: start it with sluice.list(...)");
     auto first = specs[0].cast<py::tuple>();
     if (first[0].cast<std::string>() != "list") throw py::value_error("a pipeline starts with sluice.list(...)");
@@ -235,7 +241,7 @@ any_source build(const py::list& specs) {
         auto spec = specs[i].cast<py::tuple>();
         const auto name = spec[0].cast<std::string>();
         options o(name, spec[1].cast<py::dict>());
-        s = std::visit([&](auto src) { return append(std::move(src), name, o); }, std::move(s));
+        s = std::visit([&](auto src) { return append(std::move(src), name, o, b); }, std::move(s));
     }
     return s;
 }
@@ -322,7 +328,7 @@ public:
                     throw py::type_error(std::string("a Python pipeline ends in batches (batch(), batch_images(), "
                                                      "to_device()), not ") + type_name<T>());
             },
-            build(specs));
+            build(specs, built_));
     }
     ~py_pipeline() { stop(); }
 
@@ -399,8 +405,20 @@ public:
     std::string table() const {
         return std::visit([](auto& p) { return p->figures().table(); }, p_);
     }
+    /// to_device's memory: the ring's buffers, in use (held by batches or tensors) or free.
+    py::dict memory() const {
+        py::dict d;
+        if (!built_.engine) return d;
+        const auto f = built_.engine->destination_pool()->figures();
+        d["reserved_bytes"] = f.reserved_bytes;
+        d["in_use_bytes"] = f.in_use_bytes;
+        d["free_bytes"] = f.free_bytes;
+        d["allocations"] = f.allocations;
+        return d;
+    }
 
 private:
+    built built_;  // before p_: the pipeline is stopped and destroyed first
     any_pipeline p_;
 };
 
@@ -442,5 +460,6 @@ PYBIND11_MODULE(_sluice, m) {
         .def("stop", &py_pipeline::stop, py::call_guard<py::gil_scoped_release>())
         .def("state", &py_pipeline::state)
         .def("figures_json", &py_pipeline::figures_json)
-        .def("table", &py_pipeline::table);
+        .def("table", &py_pipeline::table)
+        .def("memory", &py_pipeline::memory);
 }

@@ -79,6 +79,19 @@ class Batches(unittest.TestCase):
         self.assertNotIn(held.data_ptr(), seen)
         # Dropped batches went back to the ring and were reused: the two other slots only.
         self.assertEqual(len(seen), 2)
+        # The pool's counters: the ring holds its 3 slots' memory while it runs, and a
+        # tensor still held keeps the ring (so its memory) after the pipeline stops; when
+        # torch drops the last tensor, all of it is back in the pool.
+        per_batch = 16 * 3 * 32 * 32
+        self.assertEqual(p.memory()["in_use_bytes"], 3 * per_batch)
+        del b
+        p.stop()
+        self.assertEqual(p.memory()["in_use_bytes"], 3 * per_batch)
+        self.assertTrue(torch.equal(held, copy))
+        del held
+        mem = p.memory()
+        self.assertEqual(mem["in_use_bytes"], 0)
+        self.assertEqual(mem["free_bytes"], 3 * per_batch)  # the 3 slots, back for reuse
 
     def test_resume_gives_exactly_the_batches_that_were_left(self):
         whole = label_runs(sluice.Pipeline(images()))
