@@ -22,7 +22,7 @@ from . import _sluice
 from ._sluice import Error, SourceError  # noqa: F401
 
 __all__ = ["Chain", "Pipeline", "Error", "SourceError", "list", "plan", "read", "fetch", "raw", "tar",
-           "tfrecord", "recordio", "lines", "webdataset", "decode_images", "shuffle", "batch",
+           "tfrecord", "recordio", "lines", "webdataset", "map", "decode_images", "shuffle", "batch",
            "batch_images", "to_device"]
 
 
@@ -64,6 +64,13 @@ recordio = _stage("recordio")
 lines = _stage("lines")
 webdataset = _stage("webdataset")
 decode_images = _stage("decode_images")
+def map(fn, **options):  # noqa: A001 (the C++ name)
+    """fn(bytes) -> bytes on each record, on the CPU pool (concurrency=, order=); it holds
+    the GIL only while it runs, so the pipeline's other stages go on beside it. An
+    exception in fn ends the pipeline with sluice.Error carrying its traceback."""
+    return Chain([("map", dict(options, fn=fn))])
+
+
 shuffle = _stage("shuffle")
 batch = _stage("batch")
 batch_images = _stage("batch_images")

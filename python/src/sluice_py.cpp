@@ -11,6 +11,7 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <cstring>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -92,6 +93,48 @@ sluice::decode_options decode_opts(options& o) {
 
 /// Appends the stage `name` to `s`, or throws TypeError naming what it takes and what
 /// the chain gives.
+/// A Python callable shared by map's workers: copied between C++ threads without the GIL,
+/// its last reference dropped with it.
+using py_fn = std::shared_ptr<py::object>;
+py_fn share_fn(py::object f) {
+    return py_fn(new py::object(std::move(f)), [](py::object* o) {
+        py::gil_scoped_acquire gil;
+        delete o;
+    });
+}
+
+/// map(fn) on records: fn(bytes) -> bytes-like, called on the CPU pool holding the GIL
+/// only while it runs. A Python exception becomes a sluice::error carrying its traceback's
+/// text and the record's key, and reaches the loop after the batches before it.
+sluice::record call_map(const py_fn& fn, sluice::record r) {
+    std::string out;
+    {
+        py::gil_scoped_acquire gil;
+        try {
+            py::object got = (*fn)(py::bytes(reinterpret_cast<const char*>(r.data.data()), r.data.size()));
+            if (!py::isinstance<py::bytes>(got) && !py::isinstance<py::bytearray>(got) &&
+                !py::isinstance<py::memoryview>(got))
+                throw sluice::error("sluice: map: the Python function returned " +
+                                    std::string(py::str(got.get_type().attr("__name__"))) + " for record " + r.key() +
+                                    ", not bytes");
+            out = py::bytes(got);
+        } catch (py::error_already_set& e) {
+            std::string text = e.what();
+            try {
+                py::object fmt = py::module_::import("traceback").attr("format_exception");
+                text.clear();
+                for (auto line : fmt(e.type(), e.value(), e.trace())) text += py::str(line).cast<std::string>();
+            } catch (...) {  // keep what() if the traceback cannot be formatted
+            }
+            throw sluice::error("sluice: map: the Python function raised on record " + r.key() + ":\n" + text);
+        }
+    }
+    auto buf = std::make_shared<sluice::buffer>(out.size() ? out.size() : 1);
+    std::memcpy(buf->data(), out.data(), out.size());
+    r.data = sluice::bytes(std::move(buf), out.size());
+    return r;
+}
+
 /// What the chain made that the Pipeline reports on: to_device's engine.
 struct built {
     std::shared_ptr<sluice::host_engine> engine;
@@ -146,6 +189,21 @@ any_source append(sluice::source<T> s, const std::string& name, options& o, buil
             if (name == "recordio") return std::move(s) | sluice::recordio(d);
             if (name == "lines") return std::move(s) | sluice::lines(d);
             return std::move(s) | sluice::webdataset(d);
+        }
+    }
+    if (name == "map") {
+        if constexpr (!std::is_same_v<T, sluice::record>) return wrong("records (raw(), tar(), lines(), ...)");
+        else {
+            py::object f = py::none();
+            sluice::map_options m;
+            o.get("fn", f);
+            o.get("concurrency", m.concurrency);
+            order_opt(o, m.order);
+            o.done();
+            if (!PyCallable_Check(f.ptr())) throw py::type_error("sluice.map() takes a callable: map(fn, ...)");
+            return std::move(s) | sluice::map([fn = share_fn(std::move(f))](sluice::record r) {
+                       return call_map(fn, std::move(r));
+                   }, m);
         }
     }
     if (name == "decode_images") {
@@ -330,7 +388,12 @@ public:
             },
             build(specs, built_));
     }
-    ~py_pipeline() { stop(); }
+    // Without the GIL: map's workers may be waiting for it, and stop() joins them.
+    ~py_pipeline() {
+        py::gil_scoped_release nogil;
+        stop();
+        std::visit([](auto& p) { p.reset(); }, p_);
+    }
 
     py::object next() {
         // The wait runs on a thread of its own so this one can look for signals.

@@ -115,12 +115,60 @@ class Batches(unittest.TestCase):
         self.assertIn("decode_images", p.table())
 
 
+class Map(unittest.TestCase):
+    def lines_file(self, n):
+        path = os.path.join(DATA.name, "lines-%d.txt" % n)
+        with open(path, "w") as f:
+            f.writelines("line %d\n" % i for i in range(n))
+        return path
+
+    def test_a_python_function_maps_records_on_the_cpu_pool_in_order(self):
+        path = self.lines_file(1000)
+        calls = []
+
+        def shout(b):
+            calls.append(threading.get_ident())
+            return b.upper() + b"!"
+        chain = (sluice.list(path) | sluice.plan() | sluice.read() | sluice.lines()
+                 | sluice.map(shout, concurrency=2) | sluice.batch(size=100))
+        got = [b.record(i) for b in sluice.Pipeline(chain, threads=2) for i in range(len(b))]
+        self.assertEqual(got, [b"LINE %d!" % i for i in range(1000)])
+        self.assertEqual(len(calls), 1000)
+        self.assertNotIn(threading.get_ident(), calls)  # not the loop's thread
+
+    def test_an_exception_in_the_function_reaches_the_loop_with_its_traceback(self):
+        path = self.lines_file(50)
+
+        def picky(b):
+            if b == b"line 37":
+                raise ValueError("no thanks to %r" % b)
+            return b
+        chain = (sluice.list(path) | sluice.plan() | sluice.read() | sluice.lines() | sluice.map(picky)
+                 | sluice.batch(size=10))
+        seen = 0
+        with self.assertRaises(sluice.Error) as e:
+            for b in sluice.Pipeline(chain):
+                seen += len(b)
+        self.assertEqual(seen, 30)  # the batches before the bad record arrive first
+        text = str(e.exception)
+        self.assertIn("ValueError: no thanks to b'line 37'", text)
+        self.assertIn("in picky", text)  # the traceback
+        self.assertIn("lines-50.txt#37", text)  # the record
+
+    def test_a_function_returning_no_bytes_is_named(self):
+        path = self.lines_file(3)
+        chain = sluice.list(path) | sluice.plan() | sluice.read() | sluice.lines() | sluice.map(len) | sluice.batch(size=3)
+        with self.assertRaisesRegex(sluice.Error, "returned int for record .*, not bytes"):
+            list(sluice.Pipeline(chain))
+
+
 class Readme(unittest.TestCase):
     def test_the_readme_loop_runs_as_written(self):
         if torch is None:
             print("[test skipped] the README's loop needs Debian's python3-torch")
             return
-        readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+        with open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")) as f:
+            readme = f.read()
         section = readme[readme.index("## From Python"):]
         code = section[section.index("```python\n") + 10:]
         code = code[:code.index("```")]
