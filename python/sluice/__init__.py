@@ -13,15 +13,20 @@ A chain is a list of stage specs, (name, options); `|` joins chains. The C++ sid
 when the Pipeline is made, that each stage takes what the chain before it gives, and
 that each option exists. After to_device(ring=N), a batch (or a tensor made from it)
 holds its ring slot until dropped; a for loop's variable keeps the previous batch while
-the next is fetched, so keeping k batches needs ring >= k + 2. Errors are sluice.Error (sluice.SourceError for a source that
-cannot be read), with the C++ library's text.
+the next is fetched, so keeping k batches needs ring >= k + 2.
+
+Errors carry the C++ library's text: sluice.Error (a RuntimeError; .code, .category);
+sluice.SourceError for a path or URL that cannot be read or holds corrupt data (.url,
+.offset), with the subclasses HTTPError (.code is the status), NetworkError (a curl
+code) and DecompressError (zlib); DeviceError for CUDA.
 """
 import json as _json
 
 from . import _sluice
-from ._sluice import Error, SourceError  # noqa: F401
+from ._sluice import DecompressError, DeviceError, Error, HTTPError, NetworkError, SourceError  # noqa: F401
 
-__all__ = ["Chain", "Pipeline", "Error", "SourceError", "list", "plan", "read", "fetch", "raw", "tar",
+__all__ = ["Chain", "Pipeline", "Error", "SourceError", "HTTPError", "NetworkError", "DecompressError",
+           "DeviceError", "list", "plan", "read", "fetch", "raw", "tar",
            "tfrecord", "recordio", "lines", "webdataset", "map", "decode_images", "shuffle", "batch",
            "batch_images", "to_device"]
 

@@ -489,8 +489,37 @@ private:
 
 PYBIND11_MODULE(_sluice, m) {
     m.doc() = "sluice's C++ core; use the sluice package";
-    auto base = py::register_exception<sluice::error>(m, "Error", PyExc_RuntimeError);
-    py::register_exception<sluice::source_error>(m, "SourceError", base.ptr());
+    // One class per kind of failure, by the error's std::error_code category; the text is
+    // the C++ library's, and `code` (with `url` and `offset` for a source) is set.
+    static py::exception<sluice::error> error_t(m, "Error", PyExc_RuntimeError);
+    static py::exception<sluice::source_error> source_t(m, "SourceError", error_t.ptr());
+    static py::exception<sluice::source_error> http_t(m, "HTTPError", source_t.ptr());
+    static py::exception<sluice::source_error> network_t(m, "NetworkError", source_t.ptr());
+    static py::exception<sluice::source_error> compressed_t(m, "DecompressError", source_t.ptr());
+    static py::exception<sluice::error> device_t(m, "DeviceError", error_t.ptr());
+    py::register_exception_translator([](std::exception_ptr p) {
+        auto raise = [](PyObject* type, const sluice::error& e, const sluice::source_error* src) {
+            py::object x = py::reinterpret_borrow<py::object>(type)(e.what());
+            x.attr("code") = e.code().value();
+            x.attr("category") = e.code() ? std::string(e.code().category().name()) : std::string();
+            if (src) {
+                x.attr("url") = src->url();
+                x.attr("offset") = src->offset() == sluice::source_error::npos ? py::object(py::none()) : py::int_(src->offset());
+            }
+            PyErr_SetObject(type, x.ptr());
+        };
+        try {
+            if (p) std::rethrow_exception(p);
+        } catch (const sluice::source_error& e) {
+            const std::string cat = e.code() ? e.code().category().name() : "";
+            PyObject* t = cat == "http" ? http_t.ptr() : cat == "curl" ? network_t.ptr() : cat == "zlib" ? compressed_t.ptr()
+                                                                                                              : source_t.ptr();
+            raise(t, e, &e);
+        } catch (const sluice::error& e) {
+            const std::string cat = e.code() ? e.code().category().name() : "";
+            raise(cat == "cuda" ? device_t.ptr() : error_t.ptr(), e, nullptr);
+        }
+    });
 
     py::class_<tensor_view>(m, "Tensor")
         .def("__dlpack__", &tensor_view::dlpack, py::arg("stream") = py::none())

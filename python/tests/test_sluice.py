@@ -210,6 +210,42 @@ class Errors(unittest.TestCase):
             list(sluice.Pipeline(chain))
 
 
+class ErrorKinds(unittest.TestCase):
+    def fetch_all(self, url):
+        chain = sluice.list(url) | sluice.plan() | sluice.fetch(retries=0) | sluice.raw() | sluice.batch(size=1)
+        return list(sluice.Pipeline(chain))
+
+    def test_an_http_status_is_an_http_error_naming_the_url_and_status(self):
+        import http.server
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+        srv.RequestHandlerClass.log_message = lambda *a: None
+        t = threading.Thread(target=srv.serve_forever, daemon=True)
+        t.start()
+        try:
+            url = "http://127.0.0.1:%d/not-here.tar" % srv.server_address[1]
+            with self.assertRaises(sluice.HTTPError) as e:
+                self.fetch_all(url)
+        finally:
+            srv.shutdown()
+            srv.server_close()
+        self.assertIsInstance(e.exception, sluice.SourceError)
+        self.assertEqual(e.exception.code, 404)
+        self.assertEqual(e.exception.category, "http")
+        self.assertEqual(e.exception.url, url)
+        self.assertIn("404", str(e.exception))
+        self.assertIn(url, str(e.exception))
+
+    def test_a_refused_connection_is_a_network_error(self):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()  # nothing listens there now
+        with self.assertRaises(sluice.NetworkError) as e:
+            self.fetch_all("http://127.0.0.1:%d/x.tar" % port)
+        self.assertEqual(e.exception.category, "curl")
+        self.assertIn("127.0.0.1:%d" % port, str(e.exception))
+
+
 class Stop(unittest.TestCase):
     def test_ctrl_c_while_waiting_stops_the_pipeline_promptly(self):
         # A server that accepts and never answers: fetch waits on it until stopped.
