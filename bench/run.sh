@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs each benchmark beside its peer, on the same data in the same run, and prints the
 # figures and ratios (one JSON object per line on stdout, a summary on stderr).
-#   bench/run.sh [channel|crc32c|local|formats|http|s3|memory|device|cache|images]...     (default: all)
+#   bench/run.sh [channel|crc32c|local|formats|http|s3|memory|device|cache|images|trainers]...     (default: all)
 # Data goes to build-release/bench-data (made once: 2.1 GiB of lines; for formats also
 # 2.1 GiB each of tar and TFRecord and a gzip'd copy of the TFRecord set).
 set -euo pipefail
@@ -15,7 +15,7 @@ field() { grep -o "\"$1\": *[^,}]*" | head -1 | cut -d: -f2 | tr -d '" '; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
 now() { date +%s.%N; }
 what=("$@")
-[ ${#what[@]} -eq 0 ] && what=(channel crc32c local formats http s3 memory device cache images)
+[ ${#what[@]} -eq 0 ] && what=(channel crc32c local formats http s3 memory device cache images trainers)
 
 data=$build/bench-data
 make_data() {
@@ -522,6 +522,30 @@ for w in "${what[@]}"; do
     fi
     kill $fault_pid $ngx_pid $s3r_pid 2>/dev/null; wait $fault_pid $ngx_pid $s3r_pid 2>/dev/null || true; rm -rf "$work"; trap - EXIT
     ;;
-  *) echo "unknown benchmark $w (channel, crc32c, local, formats, http, s3, memory, device, cache, images)" >&2; exit 2 ;;
+  trainers)
+    # The same small CNN trained from sluice (the Python module, torch.from_dlpack) and
+    # from PyTorch's DataLoader (2 workers, tarfile + PIL + torchvision), on the same
+    # shards, 64 x 64 crops, batches of 64: a model small enough that the input is the
+    # bottleneck (examples/train_torch.py). Goal: sluice >= 1.5 x the DataLoader's images/s.
+    if ! cmake --build --preset release -j"$(nproc)" --target _sluice >/dev/null 2>&1; then
+      echo "trainers: skipped (no Python module in this build: python3-dev, pybind11-dev, the image layer)" >&2; continue
+    fi
+    tr=$data/trainer-images
+    if [ ! -f "$tr/done" ]; then
+      rm -rf "$tr"; "$build/examples/sluice-gen" "$tr" --images --jpeg-only --format tar --files 8 --records 500 --classes 10 --seed 7 > /dev/null
+      touch "$tr/done"
+    fi
+    cat "$tr"/*.tar > /dev/null
+    runs=""
+    for i in 1 2 3; do  # best of 3, as the other rows; the DataLoader, slower, once
+      runs+=$(PYTHONPATH=$build/python /usr/bin/python3 examples/train_torch.py --loader sluice --steps 300 "$tr"/*.tar)$'\n'
+    done
+    best_s=$(echo "$runs" | python3 -c 'import sys, json; r = [json.loads(l) for l in sys.stdin if l.strip()]; print(json.dumps(max(r, key=lambda x: x["images_per_s"])))')
+    d=$(PYTHONPATH=$build/python /usr/bin/python3 examples/train_torch.py --loader dataloader --steps 300 "$tr"/*.tar)
+    si=$(echo "$best_s" | field images_per_s); di=$(echo "$d" | field images_per_s)
+    echo "{\"bench\":\"trainers\",\"sluice\":$best_s,\"dataloader\":$d,\"ratio\":$(ratio "$si" "$di")}"
+    echo "trainers (small CNN, 64 x 64, batch 64, 300 steps): sluice-fed $si img/s ($(echo "$best_s" | field cpu_ms_per_image) CPU-ms/img, loss $(echo "$best_s" | field loss_first) -> $(echo "$best_s" | field loss_last)), DataLoader-fed $di img/s ($(echo "$d" | field cpu_ms_per_image) CPU-ms/img, loss $(echo "$d" | field loss_first) -> $(echo "$d" | field loss_last)): $(ratio "$si" "$di") x (goal >= 1.5)" >&2
+    ;;
+  *) echo "unknown benchmark $w (channel, crc32c, local, formats, http, s3, memory, device, cache, images, trainers)" >&2; exit 2 ;;
   esac
 done

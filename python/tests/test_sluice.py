@@ -180,6 +180,24 @@ class Readme(unittest.TestCase):
         self.assertTrue(torch.isfinite(scope["loss"]))
 
 
+class TrainingScript(unittest.TestCase):
+    def test_examples_train_torch_learns_from_sluice_batches(self):
+        if torch is None:
+            print("[test skipped] examples/train_torch.py needs Debian's python3-torch")
+            return
+        import json
+        import sys
+        script = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "train_torch.py")
+        shards = sorted(os.path.join(DATA.name, f) for f in os.listdir(DATA.name) if f.endswith(".tar"))
+        r = subprocess.run([sys.executable, script, "--loader", "sluice", "--steps", "60", "--batch", "32",
+                            "--classes", "4"] + shards, capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        got = json.loads(r.stdout)
+        self.assertEqual(got["images"], 60 * 32)
+        self.assertLess(got["loss_last"], 0.8 * got["loss_first"])
+        self.assertGreater(got["images_per_s"], 0)
+
+
 class Errors(unittest.TestCase):
     def test_a_stage_that_does_not_take_what_the_chain_gives_is_named(self):
         chain = sluice.list(DATA.name) | sluice.plan() | sluice.read() | sluice.batch_images(size=4)
