@@ -265,6 +265,15 @@ class ErrorKinds(unittest.TestCase):
 
 
 class Stop(unittest.TestCase):
+    def test_stop_mid_epoch_ends_the_iteration_at_once(self):
+        p = sluice.Pipeline(images())
+        next(p)
+        t0 = time.monotonic()
+        p.stop()
+        self.assertLess(time.monotonic() - t0, 1.0)
+        with self.assertRaises(StopIteration):
+            next(p)
+
     def test_ctrl_c_while_waiting_stops_the_pipeline_promptly(self):
         # A server that accepts and never answers: fetch waits on it until stopped.
         srv = socket.socket()
