@@ -93,6 +93,11 @@ sluice::decode_options decode_opts(options& o) {
 
 /// Appends the stage `name` to `s`, or throws TypeError naming what it takes and what
 /// the chain gives.
+/// to_device(device=N) in a module built without the CUDA toolkit: a DeviceError.
+struct no_cuda_build : sluice::error {
+    using sluice::error::error;
+};
+
 /// A Python callable shared by map's workers: copied between C++ threads without the GIL,
 /// its last reference dropped with it.
 using py_fn = std::shared_ptr<py::object>;
@@ -276,9 +281,21 @@ any_source append(sluice::source<T> s, const std::string& name, options& o, buil
         if constexpr (!std::is_same_v<T, sluice::host_batch>) return wrong("batches (batch(), batch_images())");
         else {
             sluice::to_device_options t;
+            std::optional<int> device;
             o.get("ring", t.ring);
+            o.get("device", device);
             o.done();
-            // The host engine: Debian's PyTorch is CPU only; a CUDA engine would go here.
+            if (device) {  // a CUDA device: fails at start, naming the CUDA error, without one
+#if defined(SLUICE_HAVE_CUDA)
+                t.device = *device;
+                return std::move(s) | sluice::to_device(t, std::make_shared<sluice::cuda_engine>(*device));
+#else
+                throw no_cuda_build("sluice: to_device(device=" + std::to_string(*device) +
+                                    "): this sluice module was built without the CUDA toolkit; leave device "
+                                    "out for host memory");
+#endif
+            }
+            // No device: host memory (the host engine), what CPU PyTorch takes.
             b.engine = std::make_shared<sluice::host_engine>();
             return std::move(s) | sluice::to_device(t, b.engine);
         }
@@ -312,6 +329,7 @@ struct tensor_view {
     std::vector<std::int64_t> shape;
     std::string dtype;
     std::uintptr_t data = 0;
+    int device_type = kDLCPU, device_id = 0;  // where the tensor's memory is
 
     py::capsule dlpack(py::object /*stream*/) const {
         sluice::dlpack_ptr t = export_();
@@ -337,6 +355,8 @@ tensor_view view_of(std::shared_ptr<const void> owner, std::function<sluice::dlp
     v.shape.assign(t->dl_tensor.shape, t->dl_tensor.shape + t->dl_tensor.ndim);
     v.dtype = dtype_of(t->dl_tensor.dtype);
     v.data = reinterpret_cast<std::uintptr_t>(t->dl_tensor.data);
+    v.device_type = int(t->dl_tensor.device.device_type);
+    v.device_id = int(t->dl_tensor.device.device_id);
     return v;
 }
 
@@ -510,6 +530,8 @@ PYBIND11_MODULE(_sluice, m) {
         };
         try {
             if (p) std::rethrow_exception(p);
+        } catch (const no_cuda_build& e) {
+            raise(device_t.ptr(), e, nullptr);
         } catch (const sluice::source_error& e) {
             const std::string cat = e.code() ? e.code().category().name() : "";
             PyObject* t = cat == "http" ? http_t.ptr() : cat == "curl" ? network_t.ptr() : cat == "zlib" ? compressed_t.ptr()
@@ -523,7 +545,7 @@ PYBIND11_MODULE(_sluice, m) {
 
     py::class_<tensor_view>(m, "Tensor")
         .def("__dlpack__", &tensor_view::dlpack, py::arg("stream") = py::none())
-        .def("__dlpack_device__", [](const tensor_view&) { return py::make_tuple(int(kDLCPU), 0); })
+        .def("__dlpack_device__", [](const tensor_view& v) { return py::make_tuple(v.device_type, v.device_id); })
         .def_readonly("shape", &tensor_view::shape)
         .def_readonly("dtype", &tensor_view::dtype)
         .def_readonly("data_ptr", &tensor_view::data);
@@ -533,7 +555,10 @@ PYBIND11_MODULE(_sluice, m) {
         .def_property_readonly("images", &py_batch::data)
         .def_property_readonly("labels", &py_batch::labels)
         .def("__dlpack__", [](const py_batch& b, py::object s) { return b.data().dlpack(s); }, py::arg("stream") = py::none())
-        .def("__dlpack_device__", [](const py_batch&) { return py::make_tuple(int(kDLCPU), 0); })
+        .def("__dlpack_device__", [](const py_batch& b) {
+            const auto v = b.data();
+            return py::make_tuple(v.device_type, v.device_id);
+        })
         .def("__len__", [](const py_batch& b) { return b.h().size(); })
         .def("key", [](const py_batch& b, std::size_t i) {
             if (i >= b.h().size()) throw py::index_error("record " + std::to_string(i) + " of a batch of " + std::to_string(b.h().size()));

@@ -301,6 +301,17 @@ class ErrorKinds(unittest.TestCase):
         self.assertIn("404", str(e.exception))
         self.assertIn(url, str(e.exception))
 
+    def test_to_device_on_a_gpu_gives_cuda_batches_and_without_one_a_device_error(self):
+        p = None
+        try:
+            p = sluice.Pipeline(images() | sluice.to_device(device=0))
+            b = next(p)
+        except sluice.DeviceError as e:  # no usable GPU (or no CUDA in this build): named
+            self.assertRegex(str(e), "no usable GPU|without the CUDA toolkit")
+            return
+        self.assertEqual(b.__dlpack_device__(), (2, 0))  # kDLCUDA, device 0
+        self.assertEqual(b.labels.__dlpack_device__(), (1, 0))  # labels stay on the host
+
     def test_a_refused_connection_is_a_network_error(self):
         s = socket.socket()
         s.bind(("127.0.0.1", 0))
