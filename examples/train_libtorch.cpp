@@ -134,12 +134,20 @@ int main(int argc, char** argv) try {
     const auto dir = std::filesystem::path(a.checkpoint);
     const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     torch::manual_seed(17);
+    // A GPU where libtorch has CUDA and sluice was built with it: batches are copied there
+    // by the CUDA engine; else host memory (Debian's libtorch is CPU only).
+    std::shared_ptr<sluice::copy_engine> engine = std::make_shared<sluice::host_engine>();
+    torch::Device dev = torch::kCPU;
+#if defined(SLUICE_HAVE_CUDA)
+    if (torch::cuda::is_available()) engine = std::make_shared<sluice::cuda_engine>(0), dev = torch::Device(torch::kCUDA, 0);
+#endif
     auto model = std::make_shared<net>(int(a.classes));
+    model->to(dev);
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(a.lr).momentum(0.9));
     long step = 0;
     std::string state;  // the pipeline's data position, saved beside the model
     if (a.resume) {
-        torch::load(model, (dir / "model.pt").string());
+        torch::load(model, (dir / "model.pt").string(), dev);
         torch::load(opt, (dir / "optimizer.pt").string());
         state = slurp(dir / "data.state");
         step = std::stol(slurp(dir / "step"));
@@ -156,12 +164,12 @@ int main(int argc, char** argv) try {
                  | sluice::batch_images({.size = std::size_t(a.batch), .drop_last = true,
                                          .dtype = sluice::pixel_type::float32,
                                          .mean = {0.485f, 0.456f, 0.406f}, .std = {0.229f, 0.224f, 0.225f}})
-                 | sluice::to_device({.ring = 3}, std::make_shared<sluice::host_engine>());
+                 | sluice::to_device({.ring = 3}, engine);
     sluice::pipeline p(batches, {.resume = state});      // state: "" or the checkpoint's
     for (auto& b : p) {
         b.synchronize();                                         // the copy into the ring slot is done
         torch::Tensor x = at::fromDLPack(b.dlpack().release());  // [B, 3, S, S] float32, no copy
-        torch::Tensor y = at::fromDLPack(sluice::labels_to_dlpack(b.host()).release());  // [B] int64
+        torch::Tensor y = at::fromDLPack(sluice::labels_to_dlpack(b.host()).release()).to(dev);  // [B] int64
         opt.zero_grad();
         torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x), y);
         loss.backward();
