@@ -99,7 +99,9 @@ struct training_log {
               const torch::Tensor& loss) {
         if (losses.empty()) std::cout << "batch memory shared with torch: " << (x.data_ptr() == b.data() ? "yes" : "no") << "\n";
         losses.push_back(loss.item<double>());
-        if (print_labels) std::cout << "labels " << step << " " << torch::dot(y, torch::arange(y.size(0)) + 1).item<long>() << "\n";
+        if (print_labels)  // the batch's labels, hashed by position, and the loss
+            std::cout << "labels " << step << " " << torch::dot(y, torch::arange(y.size(0), y.options()) + 1).item<long>()
+                      << " loss " << losses.back() << "\n";
         if (step % 50 == 0) std::cout << "step " << step << " loss " << losses.back() << "\n";
         images += long(b.size());
     }
@@ -116,6 +118,14 @@ struct training_log {
     long images = 0;
     std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
 };
+
+/// A torch tensor over a DLPack tensor's memory, without a copy: torch owns it (and calls
+/// its deleter, which lets the batch go) once fromDLPack has succeeded, not before.
+torch::Tensor take(sluice::dlpack_ptr t) {
+    torch::Tensor x = at::fromDLPack(t.get());
+    (void)t.release();
+    return x;
+}
 
 /// The model, the optimizer and the pipeline's data position, together in `dir`.
 void save(const std::filesystem::path& dir, const std::shared_ptr<net>& model, const torch::optim::SGD& opt,
@@ -152,6 +162,10 @@ int main(int argc, char** argv) try {
         state = slurp(dir / "data.state");
         step = std::stol(slurp(dir / "step"));
     }
+    if (step >= a.steps) {  // nothing left to train: the checkpoint stays as it is
+        std::cout << "at step " << step << " already (--steps " << a.steps << "): nothing to do\n";
+        return 0;
+    }
 
     training_log log(a.print_labels);
     // README, "In a C++ trainer (libtorch)", quotes from here ...
@@ -168,14 +182,14 @@ int main(int argc, char** argv) try {
     sluice::pipeline p(batches, {.resume = state});      // state: "" or the checkpoint's
     for (auto& b : p) {
         b.synchronize();                                         // the copy into the ring slot is done
-        torch::Tensor x = at::fromDLPack(b.dlpack().release());  // [B, 3, S, S] float32, no copy
-        torch::Tensor y = at::fromDLPack(sluice::labels_to_dlpack(b.host()).release()).to(dev);  // [B] int64
+        torch::Tensor x = take(b.dlpack());                      // [B, 3, S, S] float32, no copy
+        torch::Tensor y = take(sluice::labels_to_dlpack(b.host())).to(dev);  // [B] int64
         opt.zero_grad();
         torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x), y);
         loss.backward();
         opt.step();
         log.step(step, b, x, y, loss);
-        if (++step == a.steps) break;
+        if (++step >= a.steps) break;
     }
     if (!a.checkpoint.empty()) save(dir, model, opt, p.state(), step);  // the data position beside the model
     // ... to here.

@@ -20,9 +20,10 @@
 //
 // Bad input never ends the process: libjpeg's error_exit (which calls exit() by default)
 // returns here through longjmp from functions that hold no C++ objects, and becomes an
-// imaging::bad_image naming the reason. A JPEG that libjpeg warns about (premature end of
-// data, corrupt Huffman data: it would fill the rest with grey) is an error too, as in
-// PIL. Sizes over `max_pixels` are refused from the header, before any allocation.
+// imaging::bad_image naming the reason. A JPEG that libjpeg warns about damaged data
+// (premature end, corrupt Huffman data: it would fill the rest with grey) is an error too,
+// stricter than PIL; warnings about metadata in the header are not (see emit_message).
+// Sizes over `max_pixels` are refused from the header, before the image is decoded.
 
 #include <sluice/core/error.hpp>
 
@@ -39,6 +40,26 @@
 
 #include <jpeglib.h>
 #include <jerror.h>  // the warning codes (JWRN_*) told apart in emit_message
+// jerror.h's macros (ERREXIT, WARNMS, TRACEMS...) are libjpeg's internals: not for users.
+#undef MAKESTMT
+#undef ERREXIT
+#undef ERREXIT1
+#undef ERREXIT2
+#undef ERREXIT3
+#undef ERREXIT4
+#undef ERREXIT6
+#undef ERREXITS
+#undef WARNMS
+#undef WARNMS1
+#undef WARNMS2
+#undef TRACEMS
+#undef TRACEMS1
+#undef TRACEMS2
+#undef TRACEMS3
+#undef TRACEMS4
+#undef TRACEMS5
+#undef TRACEMS8
+#undef TRACEMSS
 #include <spng.h>
 
 namespace sluice::imaging {
@@ -185,8 +206,9 @@ struct jpeg_errors {
     jpeg_error_mgr pub;
     std::jmp_buf jump;
     char message[JMSG_LENGTH_MAX];
-    int warnings;   // those that mean damaged or missing pixels
-    int max_scans;  // more scans is an error (see scratch::max_scans)
+    int warnings;    // those that mean damaged or missing pixels
+    int max_scans;   // more scans is an error (see scratch::max_scans)
+    bool in_header;  // reading the markers before the first scan
 };
 
 extern "C" {
@@ -198,13 +220,15 @@ inline void sluice_jpeg_error_exit(j_common_ptr c) {
 }
 // A warning that means the pixels are not what the file meant (data missing: libjpeg fills
 // the rest with grey; a bad Huffman code; a broken progression) is counted and fails the
-// image; one about metadata or stray bytes between markers, after which libjpeg decodes
-// the same pixels, is ignored, as PIL ignores it.
+// image; one about metadata, or about stray bytes between the header's markers, after
+// which libjpeg decodes the same pixels, is ignored, as PIL ignores it. Stray bytes found
+// after the first scan began are not ignored: there they can mean entropy-coded data
+// that ended early (an interval decoded short).
 inline void sluice_jpeg_emit_message(j_common_ptr c, int level) {
     if (level >= 0) return;  // trace messages
     const int code = c->err->msg_code;
-    if (code == JWRN_JFIF_MAJOR || code == JWRN_ADOBE_XFORM || code == JWRN_EXTRANEOUS_DATA) return;
     auto* e = reinterpret_cast<jpeg_errors*>(c->err);
+    if (code == JWRN_JFIF_MAJOR || code == JWRN_ADOBE_XFORM || (code == JWRN_EXTRANEOUS_DATA && e->in_header)) return;
     if (e->warnings++ == 0) (*c->err->format_message)(c, e->message);
 }
 // A progressive JPEG of a few kilobytes can hold thousands of scans, each a pass over the
@@ -255,7 +279,9 @@ inline bool jpeg_open(jpeg_reader& r, const std::uint8_t* data, std::size_t n) {
     r.cinfo.progress = &r.progress;
     jpeg_mem_src(&r.cinfo, data, static_cast<unsigned long>(n));
     jpeg_save_markers(&r.cinfo, JPEG_APP0 + 1, 0xFFFF);
+    r.err.in_header = true;
     jpeg_read_header(&r.cinfo, TRUE);
+    r.err.in_header = false;
     return true;
 }
 
