@@ -32,7 +32,7 @@ def sluice_batches(a):
     chain = (sluice.list(*a.shards) | sluice.plan(epochs=1000, seed=17) | sluice.read() | sluice.webdataset()
              | sluice.decode_images(size=a.size, concurrency=a.workers) | sluice.shuffle(buffer=1024)
              | sluice.batch_images(size=a.batch, drop_last=True, dtype="float32", mean=MEAN, std=STD))
-    for b in sluice.Pipeline(chain, threads=a.workers):
+    for b in sluice.Pipeline(chain, cpu_threads=a.workers):
         yield torch.from_dlpack(b), torch.from_dlpack(b.labels)
 
 

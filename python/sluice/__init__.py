@@ -85,12 +85,14 @@ to_device = _stage("to_device")
 class Pipeline:
     """Runs a chain that ends in batches. Iterate it; state() is the data position
     (bytes) that Pipeline(chain, resume=state) goes on from; figures() the per-stage
-    figures as a dict; stop() ends it (so does Ctrl-C while it waits, and del)."""
+    figures as a dict; stop() ends it (so does Ctrl-C while it waits, and del).
+    cpu_threads: the CPU pool's size, C++'s pipeline_options.runtime.cpu_threads (0: the
+    machine's cores)."""
 
-    def __init__(self, chain, resume=b"", threads=0):
+    def __init__(self, chain, resume=b"", cpu_threads=0):
         if isinstance(resume, (bytes, bytearray)):
             resume = bytes(resume).decode()
-        self._p = _sluice.Pipeline(chain.specs, resume, threads)
+        self._p = _sluice.Pipeline(chain.specs, resume, cpu_threads)
 
     def __iter__(self):
         return self

@@ -555,9 +555,9 @@ PYBIND11_MODULE(_sluice, m) {
         .def_property_readonly("images", &py_batch::data)
         .def_property_readonly("labels", &py_batch::labels)
         .def("__dlpack__", [](const py_batch& b, py::object s) { return b.data().dlpack(s); }, py::arg("stream") = py::none())
-        .def("__dlpack_device__", [](const py_batch& b) {
-            const auto v = b.data();
-            return py::make_tuple(v.device_type, v.device_id);
+        .def("__dlpack_device__", [](const py_batch& b) {  // from the batch, not an export
+            const int d = b.device ? b.device->device() : -1;
+            return d < 0 ? py::make_tuple(int(kDLCPU), 0) : py::make_tuple(int(kDLCUDA), d);
         })
         .def("__len__", [](const py_batch& b) { return b.h().size(); })
         .def("key", [](const py_batch& b, std::size_t i) {
@@ -572,7 +572,7 @@ PYBIND11_MODULE(_sluice, m) {
 
     py::class_<py_pipeline>(m, "Pipeline")
         .def(py::init<const py::list&, const std::string&, unsigned>(), py::arg("specs"), py::arg("resume") = "",
-             py::arg("threads") = 0)
+             py::arg("cpu_threads") = 0)
         .def("next", &py_pipeline::next)
         .def("stop", &py_pipeline::stop, py::call_guard<py::gil_scoped_release>())
         .def("state", &py_pipeline::state)

@@ -130,7 +130,7 @@ class Map(unittest.TestCase):
             return b.upper() + b"!"
         chain = (sluice.list(path) | sluice.plan() | sluice.read() | sluice.lines()
                  | sluice.map(shout, concurrency=2) | sluice.batch(size=100))
-        got = [b.record(i) for b in sluice.Pipeline(chain, threads=2) for i in range(len(b))]
+        got = [b.record(i) for b in sluice.Pipeline(chain, cpu_threads=2) for i in range(len(b))]
         self.assertEqual(got, [b"LINE %d!" % i for i in range(1000)])
         self.assertEqual(len(calls), 1000)
         self.assertNotIn(threading.get_ident(), calls)  # not the loop's thread
