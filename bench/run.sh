@@ -52,6 +52,7 @@ probe_best() {  # label, peer GB/s, expected.json, probe flags...: best of 3 pro
     if awk -v x="$gbs" -v y="$best" 'BEGIN { exit !(x > y) }'; then best=$gbs; out=$o; fi
   done
   echo "$out"
+  out_best=$out
   [ "$(echo "$out" | field records)" = "$(( $(field records < "$expected") * epochs ))" ] || { echo "$label: record count mismatch" >&2; exit 1; }
   echo "{\"bench\":\"formats\",\"config\":\"$label\",\"bytes\":$bytes,\"sluice_gb_per_s\":$best,\"peer_gb_per_s\":$peer,\"ratio\":$(ratio "$best" "$peer"),\"peak_rss_bytes\":$(echo "$out" | field peak_rss_bytes),\"bottleneck\":\"$(echo "$out" | field bottleneck)\"}"
   echo "$label: sluice $best GB/s, peer $peer GB/s, ratio $(ratio "$best" "$peer"), bottleneck $(echo "$out" | field bottleneck)" >&2
@@ -77,20 +78,33 @@ for w in "${what[@]}"; do
          "zlib crc32 $(echo "$out" | field zlib_crc32_100k_gb_per_s) GB/s" >&2
     ;;
   formats)
-    # Peers: cat of the same tar / TFRecord files; zcat of the gzip'd TFRecord files (both
-    # to /dev/null, warm cache). Goals: parse+shuffle+batch >= 0.8 x cat; gzip'd >= 0.9 x zcat.
+    # Peers: cat of the same raw / tar / TFRecord files; zcat of the gzip'd TFRecord files
+    # (both to /dev/null, warm cache). Goals (issue 17): shuffle 10,000 + batch 256 >= 0.8 x
+    # cat in the first epoch and in epochs 2-4; batch alone >= 0.9 x cat; gzip'd >= 0.9 x
+    # zcat. Files are mapped by default; the --no-mmap rows are the pread path (the "before").
+    # TFRecord's CRCs are checked in every row (--no-crc only drops the probe's own sum).
     make_format tar tar
     make_format tfrecord tfrecord
     make_format tfrecord tfrecord-gz --gzip
-    for fmt in tar tfrecord; do
+    if [ ! -f "$data/raw.json" ]; then
+      echo "generating $data/raw: 10,240 files of 100 KiB ..." >&2
+      "$build/examples/sluice-gen" "$data/raw" --files 10240 --records 1 --record-size 102400 --seed 5 --format raw > "$data/raw.json.tmp"
+      mv "$data/raw.json.tmp" "$data/raw.json"
+    fi
+    for fmt in raw tar tfrecord; do
       files=("$data/$fmt"/shard-*)
       bytes=$(cat "${files[@]}" | wc -c)
       cat_gbs=$(best_of_3 cat "${files[@]}")
       probe_best "$fmt shuffle+batch" "$cat_gbs" "$data/$fmt.json" --format "$fmt" --no-crc --shuffle 10000 --seed 1 "$data/$fmt/shard-*"
-      probe_best "$fmt batch" "$cat_gbs" "$data/$fmt.json" --format "$fmt" --no-crc "$data/$fmt/shard-*"
-      probe_best "$fmt shuffle+batch mmap" "$cat_gbs" "$data/$fmt.json" --format "$fmt" --no-crc --mmap --shuffle 10000 --seed 1 "$data/$fmt/shard-*"
-      probe_best "$fmt batch mmap" "$cat_gbs" "$data/$fmt.json" --format "$fmt" --no-crc --mmap "$data/$fmt/shard-*"
+      one=$(echo "$out_best" | field seconds)
       probe_best "$fmt shuffle+batch 4 epochs" "$cat_gbs" "$data/$fmt.json" --format "$fmt" --no-crc --shuffle 10000 --seed 1 --epochs 4 "$data/$fmt/shard-*"
+      four=$(echo "$out_best" | field seconds)
+      steady=$(awk -v b="$bytes" -v a="$one" -v f="$four" 'BEGIN { printf "%.3f", 3 * b / (f - a) / 1e9 }')
+      echo "{\"bench\":\"formats\",\"config\":\"$fmt shuffle+batch epochs 2-4\",\"sluice_gb_per_s\":$steady,\"peer_gb_per_s\":$cat_gbs,\"ratio\":$(ratio "$steady" "$cat_gbs")}"
+      echo "$fmt shuffle+batch epochs 2-4 (4 epochs' time less the best 1-epoch time): sluice $steady GB/s, peer $cat_gbs GB/s, ratio $(ratio "$steady" "$cat_gbs")" >&2
+      probe_best "$fmt batch" "$cat_gbs" "$data/$fmt.json" --format "$fmt" --no-crc "$data/$fmt/shard-*"
+      probe_best "$fmt shuffle+batch --no-mmap" "$cat_gbs" "$data/$fmt.json" --format "$fmt" --no-crc --no-mmap --shuffle 10000 --seed 1 "$data/$fmt/shard-*"
+      probe_best "$fmt batch --no-mmap" "$cat_gbs" "$data/$fmt.json" --format "$fmt" --no-crc --no-mmap "$data/$fmt/shard-*"
     done
     files=("$data/tfrecord-gz"/shard-*)
     bytes=$(zcat "${files[@]}" | wc -c)  # ratios of uncompressed bytes per second
@@ -152,6 +166,34 @@ for w in "${what[@]}"; do
     gb=$(awk -v b="$obytes" 'BEGIN { printf "%.4f", b / 1e9 }')
     echo "{\"bench\":\"http_many_objects\",\"objects\":$n,\"bytes\":$obytes,\"sluice_objects_per_s\":$best_sluice,\"curl_objects_per_s\":$best_curl,\"ratio\":$(ratio "$best_sluice" "$best_curl"),\"sluice_cpu_s_per_gb\":$(awk -v c="$cpu_sluice" -v g="$gb" 'BEGIN{printf "%.3f", c / g}'),\"curl_cpu_s_per_gb\":$(awk -v c="$cpu_curl" -v g="$gb" 'BEGIN{printf "%.3f", c / g}')}"
     echo "http 2,000 x 100 KiB (sluice parses + batches): sluice $best_sluice objects/s, curl --parallel 64 $best_curl objects/s, ratio $(ratio "$best_sluice" "$best_curl"); CPU s: sluice $cpu_sluice, curl $cpu_curl" >&2
+    # 2,000 whole objects of 50-150 KB (issue 17): raw records (one per object, no parse)
+    # beside curl --parallel 64, and the same objects as chunks (what the fetch alone costs).
+    if [ ! -f "$www/w/sizes" ]; then
+      mkdir -p "$www/w"
+      python3 -c 'import random, sys
+r = random.Random(17); sizes = []
+for i in range(2000):
+    n = r.randint(50000, 150000); sizes.append(n)
+    open(sys.argv[1] + "/obj-%06d.bin" % i, "wb").write(r.randbytes(n))
+open(sys.argv[1] + "/sizes", "w").write("%d\n" % sum(sizes))' "$www/w"
+    fi
+    wbytes=$(cat "$www/w/sizes"); wgb=$(awk -v b="$wbytes" 'BEGIN { printf "%.4f", b / 1e9 }')
+    best_curl=0 best_raw=0 best_chunks=0 cpu_curl=0 cpu_raw=0
+    for i in 1 2 3 4 5; do
+      read -r s c < <(wall_cpu curl -s --parallel --parallel-max 64 "$base/w/obj-[000000-001999].bin")
+      r=$(awk -v s="$s" -v n=$n 'BEGIN { printf "%.1f", n / s }')
+      if awk -v x="$r" -v y="$best_curl" 'BEGIN { exit !(x > y) }'; then best_curl=$r; cpu_curl=$c; fi
+      read -r s c < <(wall_cpu "$probe" --format raw --batch 256 --no-crc --json --quiet --in-flight 64 "$base/w/obj-{000000..001999}.bin")
+      [ "$(field records < "$ngx/out")" = $n ] || { echo "http: raw record count mismatch" >&2; cat "$ngx/out" >&2; exit 1; }
+      [ "$(field payload_bytes < "$ngx/out")" = "$wbytes" ] || { echo "http: raw byte count mismatch" >&2; exit 1; }
+      r=$(awk -v s="$s" -v n=$n 'BEGIN { printf "%.1f", n / s }')
+      if awk -v x="$r" -v y="$best_raw" 'BEGIN { exit !(x > y) }'; then best_raw=$r; cpu_raw=$c; fi
+      read -r s c < <(wall_cpu "$probe" --format chunks --no-crc --json --quiet --in-flight 64 "$base/w/obj-{000000..001999}.bin")
+      r=$(awk -v s="$s" -v n=$n 'BEGIN { printf "%.1f", n / s }')
+      if awk -v x="$r" -v y="$best_chunks" 'BEGIN { exit !(x > y) }'; then best_chunks=$r; fi
+    done
+    echo "{\"bench\":\"http_whole_objects\",\"objects\":$n,\"bytes\":$wbytes,\"sluice_raw_objects_per_s\":$best_raw,\"sluice_chunks_objects_per_s\":$best_chunks,\"curl_objects_per_s\":$best_curl,\"ratio\":$(ratio "$best_raw" "$best_curl"),\"sluice_cpu_s_per_gb\":$(awk -v c="$cpu_raw" -v g="$wgb" 'BEGIN{printf "%.3f", c / g}'),\"curl_cpu_s_per_gb\":$(awk -v c="$cpu_curl" -v g="$wgb" 'BEGIN{printf "%.3f", c / g}')}"
+    echo "http 2,000 whole objects of 50-150 KB (raw, batched 256): sluice $best_raw objects/s (as chunks $best_chunks/s), curl --parallel 64 $best_curl objects/s, ratio $(ratio "$best_raw" "$best_curl"); CPU s: sluice $cpu_raw, curl $cpu_curl (best of 5)" >&2
     # Through the fault server with a 50 ms first byte: against 64 / 50 ms.
     best=0
     for i in 1 2; do
@@ -280,8 +322,8 @@ for w in "${what[@]}"; do
     run_probe shuffle 4 --no-crc --shuffle 10000 --seed 1
     run_probe no-shuffle 1 --no-crc
     run_probe shuffle-crc 1 --shuffle 10000 --seed 1
-    run_probe shuffle-mmap 1 --no-crc --shuffle 10000 --seed 1 --mmap
-    run_probe no-shuffle-mmap 1 --no-crc --mmap
+    run_probe shuffle-no-mmap 1 --no-crc --shuffle 10000 --seed 1 --no-mmap
+    run_probe no-shuffle-no-mmap 1 --no-crc --no-mmap
     ;;
   memory)
     # Peak RSS streaming a dataset >= 20 x the configured budgets. Goal: <= budgets + 64 MiB.

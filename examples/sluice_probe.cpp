@@ -116,8 +116,8 @@ options:
   --path-style           s3: https://host/bucket/key (default: bucket.host, except for IP
                          and localhost endpoints)
   --anonymous            s3: unsigned requests (public buckets)
-  --mmap                 map files instead of reading them (faster; a file that shrinks
-                         while mapped ends the process with SIGBUS)
+  --no-mmap              read files with pread instead of mapping them (mapping is the
+                         default: no copy before collation; see read_options::map)
   --no-crc               skip the per-record crc32 (measures the pipeline alone)
   --max-record-bytes N   the largest record (line, object, TFRecord...) a decoder holds;
                          a larger one is corrupt (default 1073741824)
@@ -155,7 +155,7 @@ struct options {
     unsigned threads = 0;
     std::size_t chunk_size = 4u << 20;
     std::size_t channel_bytes = 64u << 20;
-    bool map = false;
+    bool map = true;
     unsigned in_flight = 64, retries = 8, stall = 30, min_in_flight = 4, parts_in_flight = 4;
     std::uint64_t part_size = 8u << 20;
     bool ordered = false;
@@ -272,7 +272,9 @@ options parse(int argc, char** argv) {
             if (o.chunk_size == 0) usage_error("--chunk-size must be at least 1");
         } else if (a == "--channel-bytes") {
             o.channel_bytes = number<std::size_t>(a, value());
-        } else if (a == "--mmap") {
+        } else if (a == "--no-mmap") {
+            o.map = false;
+        } else if (a == "--mmap") {  // the default since issue 17; kept so older scripts run
             o.map = true;
         } else if (a == "--in-flight") {
             o.in_flight = number<unsigned>(a, value());

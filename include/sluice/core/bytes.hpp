@@ -8,6 +8,8 @@
 // (a shuffle buffer holding one small record of each chunk) is compacted: copied out into
 // a buffer of its own, so memory stays bounded by what is actually held.
 
+#include <sluice/core/detail/file_mapping.hpp>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
@@ -31,20 +33,30 @@ public:
         : data_(new std::byte[capacity]), capacity_(capacity) {}  // not zeroed: filled by I/O
     buffer(std::byte* data, std::size_t capacity, release_fn release) noexcept
         : data_(data), capacity_(capacity), release_(release) {}
+    /// `n` bytes at `offset` of a mapped file, viewed in place: the pages stay in the
+    /// process while this buffer lives (see detail::file_mapping).
+    buffer(std::shared_ptr<detail::file_mapping> file, std::size_t offset, std::size_t n) noexcept
+        : data_(file->data() + offset), capacity_(n), file_(std::move(file)) {
+        file_->pin(offset, n);
+    }
     buffer(const buffer&) = delete;
     buffer& operator=(const buffer&) = delete;
     ~buffer() {
-        if (release_) release_(data_, capacity_);
+        if (file_) file_->unpin(static_cast<std::size_t>(data_ - file_->data()), capacity_, file_.use_count() == 1);
+        else if (release_) release_(data_, capacity_);
         else delete[] data_;
     }
     std::byte* data() noexcept { return data_; }
     const std::byte* data() const noexcept { return data_; }
     std::size_t capacity() const noexcept { return capacity_; }
+    /// The mapped file this buffer views, or null.
+    const std::shared_ptr<detail::file_mapping>& file() const noexcept { return file_; }
 
 private:
     std::byte* data_;
     std::size_t capacity_;
     release_fn release_ = nullptr;
+    std::shared_ptr<detail::file_mapping> file_;
 };
 
 /// Where buffers come from. The default recycles heap buffers; the cuda layer provides a
@@ -165,9 +177,34 @@ public:
 
     /// Copy out (into a buffer from `from`, when given) when this slice holds less than
     /// `1/ratio` of its buffer, so a long-lived small slice does not pin a large chunk.
+    /// A slice of a mapped file is not copied: it gets a view of its own pages instead
+    /// (pinning only them), which costs no memory and no copy.
     bytes compact(buffer_source* from = nullptr, std::size_t ratio = 4) const {
-        if (owner_ && size_ * ratio < owner_->capacity()) return copy_of(span(), from);
-        return *this;
+        if (!owner_ || size_ * ratio >= owner_->capacity()) return *this;
+        if (const auto& f = owner_->file())
+            return bytes(std::make_shared<const buffer>(f, static_cast<std::size_t>(data_ - f->data()), size_), size_);
+        return copy_of(span(), from);
+    }
+
+    /// The mapped file this slice views, or null.
+    const detail::file_mapping* file() const noexcept { return owner_ ? owner_->file().get() : nullptr; }
+    /// Whether bytes of this slice were lost (its mapped file shrank while it was read):
+    /// the slice then holds zeros from the lost offset on.
+    bool lost() const noexcept {
+        const auto* f = file();
+        return f && f->lost() < static_cast<std::uint64_t>(data_ - f->data()) + size_;
+    }
+    /// Several slices laid end to end in one mapped file, as one slice of it (no copy);
+    /// empty when they are not.
+    static bytes joined_in_place(std::span<const bytes> parts) {
+        if (parts.empty() || !parts[0].file()) return {};
+        const auto& f = parts[0].owner_->file();
+        std::size_t n = parts[0].size_;
+        for (std::size_t i = 1; i < parts.size(); ++i) {
+            if (parts[i].file() != f.get() || parts[i].data_ != parts[i - 1].data_ + parts[i - 1].size_) return {};
+            n += parts[i].size_;
+        }
+        return bytes(std::make_shared<const buffer>(f, static_cast<std::size_t>(parts[0].data_ - f->data()), n), n);
     }
 
 private:

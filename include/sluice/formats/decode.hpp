@@ -113,10 +113,19 @@ task<void> decode_worker(stage_context<chunk, Out>& ctx, D d) {
     std::vector<Out> outs;
     while (auto c = co_await ctx.in.next()) {
         std::exception_ptr failed;
+        const bytes seen = c->data;  // a mapped file's window: checked for loss once parsed
         try {
             d(std::move(*c), outs);
         } catch (...) {
             failed = std::current_exception();
+        }
+        if (seen.lost()) {  // the file shrank under the parser: its records hold zeros
+            outs.clear();
+            try {
+                throw_lost(seen.file()->path(), seen.file()->lost());
+            } catch (...) {
+                failed = std::current_exception();
+            }
         }
         // What was decoded before a corruption goes downstream before the error.
         for (auto& o : outs) co_await ctx.out.send(std::move(o));

@@ -85,7 +85,8 @@ struct cache_options {
     /// mapping: no copy; bench/RESULTS.md). Safe here, unlike for read() in general: a
     /// copy is never rewritten in place (a new copy is renamed over it, eviction unlinks
     /// it, and a mapped file that is unlinked stays whole), so nothing shrinks under the
-    /// mapping unless someone truncates files in the cache directory by hand.
+    /// mapping unless someone truncates files in the cache directory by hand (which is
+    /// then an error naming the file, not SIGBUS: see read_options::map).
     bool map = true;
     /// Temporary files untouched for this long belong to a process that died: eviction
     /// removes them.

@@ -104,7 +104,20 @@ task<void> shuffle_worker(stage_context<T, T>& ctx, shuffle_state& state) {
     std::size_t held_bytes = 0;
     std::optional<std::uint32_t> epoch;
     rng r(0);
+    // The end of an epoch's drain, overlapped with the next epoch's fill: one drained item
+    // goes out per item that comes in, so the stages below keep working while the buffer
+    // fills again (before, they waited out a whole buffer's worth of reading at every
+    // epoch's start), and what is held stays at `buffer` items. The order out is the same:
+    // the drain always ends before the next epoch sends its first item.
+    std::vector<T> draining;
+    std::size_t drained = 0;
+    auto finish_drain = [&]() -> task<void> {
+        for (; drained < draining.size(); ++drained) co_await ctx.out.send(std::move(draining[drained]));
+        draining.clear();
+        drained = 0;
+    };
     auto drain = [&]() -> task<void> {
+        co_await finish_drain();
         shuffle(held, r);
         for (auto& v : held) co_await ctx.out.send(std::move(v));
         held.clear();
@@ -145,20 +158,33 @@ task<void> shuffle_worker(stage_context<T, T>& ctx, shuffle_state& state) {
         if (epoch && e < *epoch) {
             // A late record of an epoch already drained (only with an unordered stage
             // above): on downstream, where batch still counts it in its own epoch.
+            co_await finish_drain();
             co_await ctx.out.send(std::move(*item));
             continue;
         }
         if (epoch != e) {
-            if (epoch) co_await drain();
+            if (epoch) {  // the epoch ends: its drain goes out as the next one comes in
+                co_await finish_drain();
+                shuffle(held, r);
+                draining.swap(held);
+                held.clear();
+                held_bytes = 0;
+            }
             epoch = e;
             r = shuffle_rng(o, e);
         }
         // A small record must not pin the large chunk it was sliced from while it waits
-        // here, possibly for a long time: copy it out (see bytes::compact).
+        // here, possibly for a long time: copy it out, or, from a mapped file, keep a view
+        // of its own pages (see bytes::compact).
         compact_if_possible(*item, ctx.rt.buffers().get());
         held_bytes += byte_size_of(*item);
         held.push_back(std::move(*item));
+        if (drained < draining.size()) {
+            co_await ctx.out.send(std::move(draining[drained++]));
+            if (drained == draining.size()) co_await finish_drain();
+        }
         while (held.size() > o.buffer || (o.max_bytes && held_bytes > o.max_bytes)) {
+            co_await finish_drain();
             std::swap(held[r.below(held.size())], held.back());
             T v = std::move(held.back());
             held.pop_back();

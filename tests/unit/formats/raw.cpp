@@ -26,6 +26,39 @@ TEST_CASE("one record per file: whole in one chunk without a copy, assembled oth
     REQUIRE(got[2].data.empty());
 }
 
+TEST_CASE("an object as fetch sends it (its bytes, then an empty last chunk) is passed on without a copy", "[raw]") {
+    auto src = std::make_shared<const sluice::shard>(sluice::shard{"http://host/obj.bin", 0, 0});
+    const auto body = sluice::bytes::copy_of(std::string(150'000, 'f'));
+    std::vector<sluice::chunk> chunks{{src, 0, body, false, false}, {src, body.size(), {}, true, false}};
+    std::vector<sluice::record> got;
+    for (auto& r : sluice::pipeline(sluice::from(chunks) | sluice::raw({.gzip = sluice::compression::none}))) got.push_back(r);
+    REQUIRE(got.size() == 1);
+    REQUIRE(got[0].data.data() == body.data());  // the chunk itself
+    REQUIRE(got[0].data.size() == 150'000);
+}
+
+TEST_CASE("a mapped file of several windows is one record viewing the mapping, not a copy", "[raw]") {
+    sluice_test::temp_dir d;
+    std::string content(10'000, '\0');
+    for (std::size_t i = 0; i < content.size(); ++i) content[i] = char(i * 11 + 3);
+    const auto f = d.write("f.bin", content);
+    std::vector<sluice::record> got;
+    for (auto& r : sluice::pipeline(sluice::from<sluice::shard>({{f, 0, 0}}) | sluice::read({.chunk_size = 4096}) | sluice::raw({})))
+        got.push_back(r);
+    REQUIRE(got.size() == 1);
+    REQUIRE(got[0].data.view() == content);
+    REQUIRE(got[0].data.file() != nullptr);
+    REQUIRE(got[0].data.data() == got[0].data.file()->data());
+    // Read instead of mapped, the windows are assembled (one copy), with the same bytes.
+    got.clear();
+    for (auto& r : sluice::pipeline(sluice::from<sluice::shard>({{f, 0, 0}}) | sluice::read({.chunk_size = 4096, .map = false}) |
+                                    sluice::raw({})))
+        got.push_back(r);
+    REQUIRE(got.size() == 1);
+    REQUIRE(got[0].data.view() == content);
+    REQUIRE(got[0].data.file() == nullptr);
+}
+
 namespace {
 struct objects {
     std::vector<std::string> data;

@@ -5,6 +5,14 @@
 #include <sluice/core/pipeline.hpp>
 #include <sluice/ops/from.hpp>
 
+#include <sluice/formats/lines.hpp>
+
+#include <sys/mman.h>
+#include <sys/wait.h>
+
+#include <csignal>
+#include <cstdio>
+#include <fstream>
 #include <set>
 
 namespace {
@@ -78,7 +86,8 @@ TEST_CASE("chunk buffers are recycled through the runtime's pool", "[local]") {
     const auto a = d.write("a", std::string(64 * 32 * 1024, 'x'));
     // Consume chunk by chunk, dropping each: the reader reuses the same few buffers.
     std::set<const std::byte*> distinct;
-    sluice::pipeline p(sluice::from<sluice::shard>({{a, 0, 0}}) | sluice::read({.chunk_size = 32 * 1024, .out = {1, 0}}));
+    sluice::pipeline p(
+        sluice::from<sluice::shard>({{a, 0, 0}}) | sluice::read({.chunk_size = 32 * 1024, .map = false, .out = {1, 0}}));
     std::size_t n = 0;
     while (auto c = p.next_blocking()) {
         distinct.insert(c->data.data());
@@ -88,21 +97,137 @@ TEST_CASE("chunk buffers are recycled through the runtime's pool", "[local]") {
     REQUIRE(distinct.size() < 8);
 }
 
-TEST_CASE("mapped files give the same chunks as reads, as slices of one mapping", "[local]") {
+TEST_CASE("mapped files give the same chunks as reads, as windows of one mapping", "[local]") {
     sluice_test::temp_dir d;
     std::string content(10'000, '\0');
     for (std::size_t i = 0; i < content.size(); ++i) content[i] = char(i * 7 + 1);
     const auto a = d.write("a.bin", content), empty = d.write("empty.bin", "");
-    auto read = read_all({a, empty}, {.chunk_size = 4096});
-    auto mapped = read_all({a, empty}, {.chunk_size = 4096, .map = true});
+    auto read = read_all({a, empty}, {.chunk_size = 4096, .map = false});
+    auto mapped = read_all({a, empty}, {.chunk_size = 4096});  // mapped by default
     REQUIRE(mapped.size() == read.size());
     for (std::size_t i = 0; i < read.size(); ++i) {
         REQUIRE(mapped[i].offset == read[i].offset);
         REQUIRE(mapped[i].last == read[i].last);
         REQUIRE(mapped[i].data.view() == read[i].data.view());
+        REQUIRE(read[i].data.file() == nullptr);
     }
-    REQUIRE(mapped[0].data.owner_capacity() == content.size());  // the whole file, mapped once
+    REQUIRE(mapped[0].data.file() != nullptr);
+    REQUIRE(mapped[0].data.file()->size() == content.size());  // the whole file, mapped once
+    REQUIRE(mapped[1].data.file() == mapped[0].data.file());
+    REQUIRE(mapped[0].data.owner_capacity() == 4096);  // each window pins its own pages
     REQUIRE(mapped[1].data.data() == mapped[0].data.data() + 4096);
+    REQUIRE(mapped[3].data.file() == nullptr);  // the empty file: nothing to map
+}
+
+namespace {
+/// Resident kB of the mapping that holds `p`, from /proc/self/smaps.
+long resident_kb(const void* p) {
+    std::ifstream in("/proc/self/smaps");
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    std::string line;
+    bool inside = false;
+    while (std::getline(in, line)) {
+        unsigned long lo = 0, hi = 0;
+        if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2) {  // a mapping's first line
+            inside = a >= lo && a < hi;
+            continue;
+        }
+        long kb = 0;
+        if (inside && std::sscanf(line.c_str(), "Rss: %ld kB", &kb) == 1) return kb;
+    }
+    return -1;
+}
+}  // namespace
+
+TEST_CASE("a record kept from a mapped window pins only its own pages, with no copy", "[local]") {
+    sluice_test::temp_dir d;
+    std::string content(8u << 20, '\0');
+    for (std::size_t i = 0; i < content.size(); ++i) content[i] = char(i * 13 + 5);
+    const auto a = d.write("big.bin", content);
+    std::vector<sluice::bytes> kept;
+    const std::byte* base = nullptr;
+    {
+        auto chunks = read_all({a}, {.chunk_size = 4u << 20});
+        REQUIRE(chunks.size() == 2);
+        base = chunks[0].data.file()->data();
+        REQUIRE(resident_kb(base) >= 8 * 1024);  // each window populated as it was sent
+        // What the shuffle does with a record it holds: compact it.
+        auto small = chunks[0].data.slice(100'000, 50'000).compact();
+        REQUIRE(small.data() == chunks[0].data.data() + 100'000);  // no copy
+        REQUIRE(small.owner_capacity() == 50'000);
+        REQUIRE(small.file() == chunks[0].data.file());
+        kept.push_back(small);
+    }
+    sluice::detail::file_mapping::sweep_pending();  // what read() does before each window it sends
+    // The windows are gone; the mapping stays for the kept record, and only the blocks
+    // it lies in stay resident (16 KiB blocks: 50,000 bytes span at most 5 of them), or,
+    // where the kernel maps the page cache's large folios whole (ext4 on Linux >= 6.16
+    // maps up to 2 MiB at a time), the one folio they lie in: not the 8 MiB.
+    REQUIRE(kept[0].view() == std::string_view(content).substr(100'000, 50'000));
+    const long kb = resident_kb(base);
+    INFO("resident kB " << kb);
+    REQUIRE(kb > 0);
+    REQUIRE(kb <= 2048 + 5 * 16);
+}
+
+TEST_CASE("records that straddle mapped windows are views across them, not copies", "[local]") {
+    sluice_test::temp_dir d;
+    const auto a = d.write("a.bin", std::string(10'000, 'z'));
+    auto chunks = read_all({a}, {.chunk_size = 4096});
+    std::vector<sluice::bytes> parts{chunks[0].data.slice(4000, 96), chunks[1].data, chunks[2].data.slice(0, 100)};
+    auto joined = sluice::bytes::joined_in_place(parts);
+    REQUIRE(joined.file() == chunks[0].data.file());
+    REQUIRE(joined.data() == chunks[0].data.data() + 4000);
+    REQUIRE(joined.size() == 96 + 4096 + 100);
+    std::vector<sluice::bytes> apart{chunks[0].data.slice(0, 10), chunks[1].data};  // not end to end
+    REQUIRE(sluice::bytes::joined_in_place(apart).file() == nullptr);
+}
+
+TEST_CASE("a mapped file that shrinks while read is an error naming it and the offset, not SIGBUS", "[local]") {
+    sluice_test::temp_dir d;
+    std::string content;
+    for (int i = 0; content.size() < (1u << 20); ++i) content += "line " + std::to_string(i) + "\n";
+    const auto a = d.write("shrinks.txt", content);
+    sluice::pipeline p(sluice::from<sluice::shard>({{a, 0, 0}}) | sluice::read({.chunk_size = 4096, .out = {1, 0}}) |
+                       sluice::lines({.out = {1, 0}}));
+    auto first = p.next_blocking();
+    REQUIRE(first);
+    REQUIRE(first->data.view() == "line 0");
+    REQUIRE(::truncate(a.c_str(), 8192) == 0);  // the pages past 8 KiB are gone from the mapping
+    std::size_t lines = 1;
+    try {
+        while (auto r = p.next_blocking()) {
+            REQUIRE(r->data.view().find('\0') == std::string_view::npos);  // no zeros passed on as data
+            ++lines;
+        }
+        FAIL("the pipeline ended without an error after the file shrank");
+    } catch (const sluice::source_error& e) {
+        INFO(e.what());
+        REQUIRE(std::string(e.what()).find("the file shrank while it was read") != std::string::npos);
+        REQUIRE(e.url() == a);
+        REQUIRE(e.offset() >= 8192);
+        REQUIRE(e.offset() < content.size());
+    }
+    REQUIRE(lines < 100'000);
+}
+
+TEST_CASE("a SIGBUS that is not about sluice's mappings still ends the process", "[local]") {
+    sluice_test::temp_dir d;
+    read_all({d.write("a", "x")}, {});  // installs the handler
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {  // a mapping of its own, not sluice's, touched past the file's end
+        const auto f = d.write("other", std::string(8192, 'o'));
+        const int fd = ::open(f.c_str(), O_RDONLY);
+        auto* m = static_cast<volatile const char*>(::mmap(nullptr, 8192, PROT_READ, MAP_SHARED, fd, 0));
+        if (m == MAP_FAILED || ::truncate(f.c_str(), 0) != 0) std::_Exit(2);
+        const char c = m[4096];
+        std::_Exit(c == 'o' ? 3 : 4);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    REQUIRE(WIFSIGNALED(status));
+    REQUIRE(WTERMSIG(status) == SIGBUS);
 }
 
 TEST_CASE("a URL given to read() says to use fetch(), naming it", "[local]") {

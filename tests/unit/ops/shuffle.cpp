@@ -103,6 +103,30 @@ TEST_CASE("each epoch is shuffled on its own and never mixes with the next", "[s
     REQUIRE(alone == orders[1]);
 }
 
+TEST_CASE("an epoch's drain overlaps the next one's fill without changing either order", "[shuffle]") {
+    // Epochs shorter and longer than the buffer: the drain of one ends while the next
+    // fills (one out per one in), or after the next epoch ended too.
+    for (std::size_t per : {30u, 50u, 51u, 120u}) {
+        INFO("records per epoch " << per);
+        std::vector<sluice::record> out;
+        for (auto& r : sluice::pipeline(sluice::from(epoch_records(3, per)) | sluice::shuffle({.buffer = 50, .seed = 4})))
+            out.push_back(r);
+        REQUIRE(out.size() == 3 * per);
+        for (std::uint32_t e = 0; e < 3; ++e) {
+            auto only = epoch_records(e + 1, per);
+            only.erase(only.begin(), only.begin() + static_cast<std::ptrdiff_t>(e * per));
+            std::vector<std::uint64_t> alone, mixed;
+            for (auto& r : sluice::pipeline(sluice::from(std::move(only)) | sluice::shuffle({.buffer = 50, .seed = 4})))
+                alone.push_back(r.index);
+            for (std::size_t i = e * per; i < (e + 1) * per; ++i) {
+                REQUIRE(out[i].source->epoch == e);
+                mixed.push_back(out[i].index);
+            }
+            REQUIRE(mixed == alone);
+        }
+    }
+}
+
 TEST_CASE("replaying the shuffle's choices finds exactly what it held at any position", "[shuffle]") {
     const sluice::shuffle_options o{.buffer = 40, .seed = 5};
     std::vector<std::uint64_t> live;

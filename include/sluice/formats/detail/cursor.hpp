@@ -50,7 +50,8 @@ struct parse_policy {
 
 /// One shard's bytes as they arrive, chunk by chunk, read as one stream: gives views
 /// that are slices of the current chunk when the bytes lie in it, and assembles them
-/// (the only copy) when they straddle chunks. Logical offsets count from the shard's start.
+/// (the only copy) when they straddle chunks, unless the chunks are windows of one
+/// mapped file laid end to end (read's default), where the record is a view across them. Logical offsets count from the shard's start.
 class byte_cursor {
 public:
     /// Starts reading a new chunk. What the previous one left (a partial header in the
@@ -126,13 +127,17 @@ public:
         pos_ += add;
         held_.set(have_);
         if (have_ < n) return false;
-        auto joined = mem_ ? mem_->allocate(n ? n : 1) : std::make_shared<buffer>(n ? n : 1);
-        std::byte* d = joined->data();
-        for (auto& part : parts_) {
-            if (part.size()) std::memcpy(d, part.data(), part.size());
-            d += part.size();
+        if (bytes in_place = bytes::joined_in_place(parts_); in_place.file()) {
+            out = std::move(in_place);  // consecutive windows of one mapped file: no copy
+        } else {
+            auto joined = mem_ ? mem_->allocate(n ? n : 1) : std::make_shared<buffer>(n ? n : 1);
+            std::byte* d = joined->data();
+            for (auto& part : parts_) {
+                if (part.size()) std::memcpy(d, part.data(), part.size());
+                d += part.size();
+            }
+            out = bytes(std::move(joined), n);
         }
-        out = bytes(std::move(joined), n);
         parts_.clear();
         assembling_ = false;
         have_ = 0;

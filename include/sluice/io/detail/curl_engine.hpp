@@ -82,6 +82,8 @@ struct http_transfer {
     curl_slist* headers = nullptr;
     std::shared_ptr<buffer> buf;
     std::size_t fill = 0;
+    std::size_t want = 0;           // buf's bytes to fill before it is delivered
+    std::uint64_t received = 0;     // body bytes of this response put in buffers
     std::uint64_t discard = 0;  // bytes of a 200 answer to a Range request to drop
     bool ranged_ignored = false;  // a 200 to a Range request: the whole object follows
     bool status_known = false;
@@ -302,6 +304,7 @@ private:
         std::string_view line(p, len);
         if (line.starts_with("HTTP/")) {  // a new response (after a redirect or 100): forget the last
             t.etag.clear();
+            t.received = 0;
             t.total = http_request::npos;
             t.range_start = http_request::npos;
             t.status_known = false;
@@ -357,15 +360,25 @@ private:
         }
         while (len) {
             if (!t.buf) {
-                t.buf = t.req.mem ? t.req.mem->allocate(t.req.chunk_size) : std::make_shared<buffer>(t.req.chunk_size);
+                // No bigger than what the response has left to send, when it says (a
+                // 100 KiB object is one 100 KiB chunk, not a slice of 1 MiB that raw or a
+                // shuffle would copy out of).
+                t.want = t.req.chunk_size;
+                curl_off_t length = -1;
+                if (curl_easy_getinfo(t.easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length) == CURLE_OK && length > 0 &&
+                    static_cast<std::uint64_t>(length) > t.received)
+                    t.want = static_cast<std::size_t>(
+                        std::min<std::uint64_t>(t.want, static_cast<std::uint64_t>(length) - t.received));
+                t.buf = t.req.mem ? t.req.mem->allocate(t.want) : std::make_shared<buffer>(t.want);
                 t.fill = 0;
             }
-            const std::size_t k = std::min(len, t.req.chunk_size - t.fill);
+            const std::size_t k = std::min(len, t.want - t.fill);
             std::memcpy(t.buf->data() + t.fill, p, k);
             t.fill += k;
+            t.received += k;
             p += k;
             len -= k;
-            if (t.fill == t.req.chunk_size) {
+            if (t.fill == t.want) {
                 deliver(t, bytes(std::move(t.buf), t.fill));
                 t.buf.reset();
                 t.fill = 0;
