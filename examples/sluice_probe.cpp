@@ -97,7 +97,7 @@ options:
                          first (default 0: no limit but the disk)
   --threads T            CPU pool threads (default: hardware threads)
   --chunk-size BYTES     read size (default 4194304)
-  --channel-bytes BYTES  byte budget of each channel (read, decode, batch)
+  --channel-bytes BYTES  byte budget of each channel (read, gunzip, decode, batch)
                          (default 67108864); their sum is reported as budget_bytes
   --in-flight K          http(s): requests in flight at most (default 64); halves on 503/429
   --min-in-flight K      http(s): ... but not below K (default 4)
@@ -620,19 +620,20 @@ int main(int argc, char** argv) {
                                              .map = o.map,
                                              .out = {16, o.channel_bytes}});
     if (o.format == "chunks") return count_chunks(src, o, http);
-    const sluice::decode_options decode{
-        .on_corrupt = o.on_corrupt, .max_record_bytes = o.max_record_bytes, .out = {1024, o.channel_bytes}};
+    // The parsed formats inflate gzip'd shards first: a gunzip stage of their own (it passes
+    // other shards through), given the same byte budget as every other channel.
+    const sluice::decode_options decode{.on_corrupt = o.on_corrupt,
+                                        .gzip = sluice::compression::none,
+                                        .max_record_bytes = o.max_record_bytes,
+                                        .out = {1024, o.channel_bytes}};
+    auto inflated = [&] { return src | sluice::gunzip({.on_corrupt = o.on_corrupt, .out = {16, o.channel_bytes}}); };
     auto records = o.format == "raw"        ? src | sluice::raw({.on_corrupt = o.on_corrupt,
                                                                      .max_record_bytes = o.max_record_bytes,
                                                                      .out = sluice::channel_limits{64, o.channel_bytes}})
-                   : o.format == "tar"      ? src | sluice::tar(decode)
-                   : o.format == "tfrecord" ? src | sluice::tfrecord(decode)
-                   : o.format == "recordio" ? src | sluice::recordio(decode)
-                                            : src | sluice::gunzip({.on_corrupt = o.on_corrupt}) |
-                                                  sluice::lines({.on_corrupt = o.on_corrupt,
-                                                                 .gzip = sluice::compression::none,
-                                                                 .max_record_bytes = o.max_record_bytes,
-                                                                 .out = sluice::channel_limits{1024, o.channel_bytes}});
+                   : o.format == "tar"      ? inflated() | sluice::tar(decode)
+                   : o.format == "tfrecord" ? inflated() | sluice::tfrecord(decode)
+                   : o.format == "recordio" ? inflated() | sluice::recordio(decode)
+                                            : inflated() | sluice::lines(decode);
     if (!o.write_counts.empty()) {
         try {
             const auto n = sluice::count_records(records, sluice::expand(o.sources, o.s3),
@@ -672,7 +673,7 @@ int main(int argc, char** argv) {
             return v;
         };
         if (o.format == "webdataset") io.label_from = nullptr;  // the .cls field
-        auto images = o.format == "raw" ? records | sluice::decode_images(io) : src | sluice::webdataset(decode) | sluice::decode_images(io);
+        auto images = o.format == "raw" ? records | sluice::decode_images(io) : inflated() | sluice::webdataset(decode) | sluice::decode_images(io);
         if (o.shuffle > 0) images = images | sluice::shuffle({.buffer = o.shuffle, .seed = o.seed.value_or(0)});
         batches = images | sluice::batch_images({.size = o.batch,
                                                  .drop_last = o.drop_last,
@@ -687,11 +688,12 @@ int main(int argc, char** argv) {
                     "sluice-probe was built without it");
 #endif
     }
-    // What the configuration bounds: the three channels' bytes. On top: the shuffle buffer
-    // (records), one chunk per reader, the batch being built and the batch the consumer
-    // holds; freed buffers wait in the runtime's pool for reuse (not counted: they are
-    // memory that was in use a moment before).
-    const std::uint64_t budget_bytes = 3ull * o.channel_bytes;
+    // What the configuration bounds: the channels' bytes (read or fetch, gunzip for the
+    // parsed formats, the format, batch). On top: the shuffle buffer (records), one chunk
+    // per reader, the batch being built and the batch the consumer holds; freed buffers
+    // wait in the runtime's pool for reuse (not counted: they are memory that was in use a
+    // moment before).
+    const std::uint64_t budget_bytes = (o.format == "raw" ? 3ull : 4ull) * o.channel_bytes;
 
     sluice::pipeline_options popts{.runtime = {.cpu_threads = o.threads}};
     if (!o.resume.empty()) {
