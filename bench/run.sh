@@ -135,6 +135,10 @@ for w in "${what[@]}"; do
     fport=$(cut -d' ' -f2 < "$ngx/fault.out")
     base="http://127.0.0.1:$port"
     cpu() { local TIMEFORMAT="%U %S"; { time "$@" > "$ngx/out" 2>/dev/null; } 2>&1 | awk 'NF == 2 { c = $1 + $2 } END { print c + 0 }'; }
+    # curl to /dev/null, as sluice's figures include writing nothing anywhere. (Before issue
+    # 17 its bodies went to a file in the run's temporary directory, which cost curl about
+    # 0.15 s per 200 MB: the "many objects" ratios of issue 4 were too kind to sluice.)
+    curl_null() { curl "$@" > /dev/null; }
     wall_cpu() {  # command...: "seconds cpu_seconds"
       local t0 t1 c; t0=$(now); c=$(cpu "$@"); t1=$(now)
       awk -v a="$t0" -v b="$t1" -v c="$c" 'BEGIN { printf "%.4f %.3f\n", b - a, c }'
@@ -155,7 +159,7 @@ for w in "${what[@]}"; do
     n=2000; obytes=$(cat "$www"/o/shard-*.tar | wc -c)
     best_curl=0 best_sluice=0 cpu_curl=0 cpu_sluice=0
     for i in 1 2 3; do
-      read -r s c < <(wall_cpu curl -s --parallel --parallel-max 64 "$base/o/shard-[000000-001999].tar")
+      read -r s c < <(wall_cpu curl_null -s --parallel --parallel-max 64 "$base/o/shard-[000000-001999].tar")
       r=$(awk -v s="$s" -v n=$n 'BEGIN { printf "%.1f", n / s }')
       if awk -v x="$r" -v y="$best_curl" 'BEGIN { exit !(x > y) }'; then best_curl=$r; cpu_curl=$c; fi
       read -r s c < <(wall_cpu "$probe" --format tar --batch 256 --no-crc --json --quiet --in-flight 64 "$base/o/shard-{000000..001999}.tar")
@@ -180,7 +184,7 @@ open(sys.argv[1] + "/sizes", "w").write("%d\n" % sum(sizes))' "$www/w"
     wbytes=$(cat "$www/w/sizes"); wgb=$(awk -v b="$wbytes" 'BEGIN { printf "%.4f", b / 1e9 }')
     best_curl=0 best_raw=0 best_chunks=0 cpu_curl=0 cpu_raw=0
     for i in 1 2 3 4 5; do
-      read -r s c < <(wall_cpu curl -s --parallel --parallel-max 64 "$base/w/obj-[000000-001999].bin")
+      read -r s c < <(wall_cpu curl_null -s --parallel --parallel-max 64 "$base/w/obj-[000000-001999].bin")
       r=$(awk -v s="$s" -v n=$n 'BEGIN { printf "%.1f", n / s }')
       if awk -v x="$r" -v y="$best_curl" 'BEGIN { exit !(x > y) }'; then best_curl=$r; cpu_curl=$c; fi
       read -r s c < <(wall_cpu "$probe" --format raw --batch 256 --no-crc --json --quiet --in-flight 64 "$base/w/obj-{000000..001999}.bin")
@@ -202,7 +206,7 @@ open(sys.argv[1] + "/sizes", "w").write("%d\n" % sum(sizes))' "$www/w"
       r=$(awk -v s="$s" -v n=$n 'BEGIN { printf "%.1f", n / s }')
       if awk -v x="$r" -v y="$best" 'BEGIN { exit !(x > y) }'; then best=$r; fi
     done
-    read -r s c < <(wall_cpu curl -s --parallel --parallel-max 64 "http://127.0.0.1:$fport/o/shard-[000000-001999].tar")
+    read -r s c < <(wall_cpu curl_null -s --parallel --parallel-max 64 "http://127.0.0.1:$fport/o/shard-[000000-001999].tar")
     curl_ttfb=$(awk -v s="$s" -v n=$n 'BEGIN { printf "%.1f", n / s }')
     echo "{\"bench\":\"http_ttfb_50ms\",\"objects\":$n,\"sluice_objects_per_s\":$best,\"bound_objects_per_s\":1280,\"ratio\":$(ratio "$best" 1280),\"curl_objects_per_s\":$curl_ttfb}"
     echo "http 2,000 x 100 KiB, 50 ms first byte (python fault server): sluice $best objects/s, bound 64/50ms = 1280/s, ratio $(ratio "$best" 1280); curl --parallel 64 on the same server $curl_ttfb objects/s" >&2

@@ -275,7 +275,10 @@ private:
 
     static void finish(http_transfer& t, CURLcode result) {
         if (t.easy && !t.status_known) curl_easy_getinfo(t.easy, CURLINFO_RESPONSE_CODE, &t.status);
-        if (t.buf && t.fill) deliver(t, bytes(std::move(t.buf), t.fill));
+        if (t.buf && t.fill) {
+            stream_fence();
+            deliver(t, bytes(std::move(t.buf), t.fill));
+        }
         t.buf.reset();
         t.fill = 0;
         release(t);
@@ -373,12 +376,13 @@ private:
                 t.fill = 0;
             }
             const std::size_t k = std::min(len, t.want - t.fill);
-            std::memcpy(t.buf->data() + t.fill, p, k);
+            stream_copy(t.buf->data() + t.fill, reinterpret_cast<const std::byte*>(p), k);
             t.fill += k;
             t.received += k;
             p += k;
             len -= k;
             if (t.fill == t.want) {
+                stream_fence();  // the streamed bytes are seen by the thread that takes the chunk
                 deliver(t, bytes(std::move(t.buf), t.fill));
                 t.buf.reset();
                 t.fill = 0;
