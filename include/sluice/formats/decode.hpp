@@ -113,7 +113,7 @@ task<void> decode_worker(stage_context<chunk, Out>& ctx, D d) {
     std::vector<Out> outs;
     while (auto c = co_await ctx.in.next()) {
         std::exception_ptr failed;
-        const bytes seen = c->data;  // a mapped file's window: checked for loss once parsed
+        const bytes seen = c->data.file() ? c->data : bytes{};  // a mapped file's window: checked once parsed
         try {
             d(std::move(*c), outs);
         } catch (...) {
@@ -142,6 +142,7 @@ task<void> gunzip_worker(stage_context<chunk, chunk>& ctx, gunzip_decoder d) {
     while (auto c = co_await ctx.in.next()) {
         std::exception_ptr failed;
         bool more = true;
+        const bytes seen = c->data.file() ? c->data : bytes{};  // a mapped file's window
         try {
             d.start(std::move(*c), outs);
         } catch (...) {
@@ -151,6 +152,15 @@ task<void> gunzip_worker(stage_context<chunk, chunk>& ctx, gunzip_decoder d) {
             if (!failed && more) {
                 try {
                     more = d.step(outs);
+                } catch (...) {
+                    failed = std::current_exception();
+                }
+            }
+            if (seen.lost()) {  // the file shrank under inflate: what it made of zeros is not sent
+                outs.clear();
+                more = false;
+                try {
+                    throw_lost(seen.file()->path(), seen.file()->lost());
                 } catch (...) {
                     failed = std::current_exception();
                 }

@@ -64,6 +64,10 @@ public:
                 }
                 if (c.last && !st.dropped) {
                     bytes whole = st.parts.size() == 1 ? std::move(st.parts[0]) : bytes::joined_in_place(st.parts);
+                    if (st.parts.size() > 1 && !whole.file()) {  // not laid end to end after all: assemble
+                        for (auto& part : st.parts) st.data.append(part.data(), part.size(), lim);
+                        whole = st.data.release();
+                    }
                     out.push_back(record{std::move(whole), c.source, 0, 0, {}});
                 }
                 if (c.last) states_.erase(it);

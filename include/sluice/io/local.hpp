@@ -113,6 +113,11 @@ task<void> read_file(stage_context<shard, chunk>& ctx, std::shared_ptr<const sha
             // released twice under ASan).
             chunk c{src, off, bytes(std::make_shared<const buffer>(mapped, off, n), n), off + n == size, false};
             mapped->populate(off, n);
+            // A file that shrank is seen here before its lost pages reach a parser (where
+            // no page faults, within the last page, only this check sees it).
+            struct stat now {};
+            if (::fstat(fd.get(), &now) == 0 && S_ISREG(now.st_mode) && static_cast<std::uint64_t>(now.st_size) < size)
+                mapped->mark_lost(static_cast<std::uint64_t>(now.st_size));
             if (mapped->lost() != file_mapping::none_lost) throw_lost(path, mapped->lost());
             file_mapping::sweep_pending();  // what records let go of, out of the process
             co_await gate.wait();

@@ -151,7 +151,19 @@ task<void> shuffle_worker(stage_context<T, T>& ctx, shuffle_state& state) {
         }
         state.resume.reset();
     }
-    while (auto item = co_await ctx.in.next()) {
+    for (;;) {
+        std::optional<T> item;
+        std::exception_ptr failed;
+        try {
+            item = co_await ctx.in.next();
+        } catch (...) {
+            failed = std::current_exception();
+        }
+        if (failed) {  // the epoch drained before the error was read still goes out first
+            if (!is_stop(failed)) co_await finish_drain();
+            std::rethrow_exception(failed);
+        }
+        if (!item) break;
         // Each epoch is shuffled on its own, from a seed of (seed, epoch): its order does
         // not depend on the epochs before it, and a batch never waits on the next epoch.
         const std::uint32_t e = epoch_of(*item).value_or(0);
@@ -163,7 +175,9 @@ task<void> shuffle_worker(stage_context<T, T>& ctx, shuffle_state& state) {
             continue;
         }
         if (epoch != e) {
-            if (epoch) {  // the epoch ends: its drain goes out as the next one comes in
+            if (epoch && o.max_bytes) {
+                co_await drain();  // a byte limit counts what is held: no overlap to exceed it
+            } else if (epoch) {  // the epoch ends: its drain goes out as the next one comes in
                 co_await finish_drain();
                 shuffle(held, r);
                 draining.swap(held);

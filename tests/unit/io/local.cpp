@@ -226,8 +226,15 @@ TEST_CASE("a SIGBUS that is not about sluice's mappings still ends the process",
     }
     int status = 0;
     REQUIRE(::waitpid(child, &status, 0) == child);
+#if defined(__SANITIZE_ADDRESS__)
+    // ASan's own SIGBUS handler was there before sluice's: it reports and ends the child
+    // (SIGABRT or its exit code). What matters: the child did not read on past the fault.
+    REQUIRE((WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 2 &&
+                                     WEXITSTATUS(status) != 3 && WEXITSTATUS(status) != 4)));
+#else
     REQUIRE(WIFSIGNALED(status));
     REQUIRE(WTERMSIG(status) == SIGBUS);
+#endif
 }
 
 TEST_CASE("a URL given to read() says to use fetch(), naming it", "[local]") {

@@ -42,7 +42,7 @@ namespace sluice::detail {
 struct mapping_slot {
     std::atomic<std::uintptr_t> begin{0};  // 0: free
     std::atomic<std::uintptr_t> end{0};
-    std::atomic<std::uint64_t>* lost = nullptr;  // the mapping's first lost offset
+    std::atomic<std::atomic<std::uint64_t>*> lost{nullptr};  // the mapping's first lost offset
 };
 
 struct mapping_registry {
@@ -66,16 +66,18 @@ inline void on_sigbus(int sig, siginfo_t* si, void* ctx) {
             const std::uintptr_t b = s.begin.load(std::memory_order_acquire);
             if (b <= 1 || a < b) continue;  // free, or being claimed
             const std::uintptr_t e = s.end.load(std::memory_order_acquire);
-            if (a >= e) continue;
+            std::atomic<std::uint64_t>* lost = s.lost.load(std::memory_order_acquire);
+            // The slot read whole: not freed and taken by another mapping meanwhile.
+            if (a >= e || !lost || s.begin.load(std::memory_order_acquire) != b) continue;
             // Ours: zero pages from the faulting page to the mapping's end, so the access
             // that faulted (and the ones after) read zeros, and the mark says from where.
             const std::uintptr_t page = a & ~(static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE)) - 1);
             void* z = ::mmap(reinterpret_cast<void*>(page), e - page, PROT_READ,
                              MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
             if (z == MAP_FAILED) break;
-            std::uint64_t seen = s.lost->load(std::memory_order_relaxed);
+            std::uint64_t seen = lost->load(std::memory_order_relaxed);
             const std::uint64_t off = page - b;
-            while (off < seen && !s.lost->compare_exchange_weak(seen, off)) {
+            while (off < seen && !lost->compare_exchange_weak(seen, off)) {
             }
             return;
         }
@@ -111,8 +113,12 @@ inline bool install_sigbus_handler() {
 
 class file_mapping {
 public:
-    /// Bytes per pinned block: a record pins at most two blocks beyond its own pages.
-    static constexpr std::size_t block = 16u << 10;
+    /// Bytes per pinned block (16 KiB, or the page size where pages are larger): a record
+    /// pins at most two blocks beyond its own pages.
+    static std::size_t block_bytes() noexcept {
+        static const std::size_t b = std::max<std::size_t>(16u << 10, static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)));
+        return b;
+    }
     static constexpr std::uint64_t none_lost = ~std::uint64_t{0};
 
     /// Maps `size` bytes of the open file `fd` (named `path`), or returns null when it
@@ -133,7 +139,7 @@ public:
             if (s.begin.load(std::memory_order_relaxed) != 0) continue;
             // Claimed with a sentinel first, so the handler never sees a half-written slot.
             if (!s.begin.compare_exchange_strong(expect, 1, std::memory_order_acq_rel)) continue;
-            s.lost = &m->lost_;
+            s.lost.store(&m->lost_, std::memory_order_release);
             s.end.store(reinterpret_cast<std::uintptr_t>(p) + size, std::memory_order_release);
             s.begin.store(reinterpret_cast<std::uintptr_t>(p), std::memory_order_release);
             m->slot_ = &s;
@@ -149,6 +155,7 @@ public:
         if (slot_) {
             slot_->begin.store(0, std::memory_order_release);
             slot_->end.store(0, std::memory_order_release);
+            slot_->lost.store(nullptr, std::memory_order_release);
         }
         ::munmap(base_, size_);
     }
@@ -159,6 +166,12 @@ public:
     /// The offset from which the file's bytes were lost (it shrank while mapped), or
     /// none_lost.
     std::uint64_t lost() const noexcept { return lost_.load(std::memory_order_acquire); }
+    /// Marks the bytes from `offset` on as lost (the file was seen to shrink to `offset`).
+    void mark_lost(std::uint64_t offset) noexcept {
+        std::uint64_t seen = lost_.load(std::memory_order_relaxed);
+        while (offset < seen && !lost_.compare_exchange_weak(seen, offset)) {
+        }
+    }
 
     /// Maps the pages of [off, off + n) in now, in one system call, rather than one fault
     /// per few pages as they are first read (MADV_POPULATE_READ, Linux >= 5.14; older
@@ -174,7 +187,7 @@ public:
 
     void pin(std::size_t off, std::size_t n) noexcept {
         if (n == 0) return;
-        for (std::size_t b = off / block, e = (off + n - 1) / block; b <= e; ++b)
+        for (std::size_t b = off / block_bytes(), e = (off + n - 1) / block_bytes(); b <= e; ++b)
             pins_[b].fetch_add(1, std::memory_order_relaxed);
     }
     /// `last_owner`: no other buffer views the mapping (it is about to be unmapped whole,
@@ -189,13 +202,13 @@ public:
     void unpin(std::size_t off, std::size_t n, bool last_owner) noexcept {
         if (n == 0) return;
         std::size_t idle = 0;
-        for (std::size_t b = off / block, e = (off + n - 1) / block; b <= e; ++b)
+        for (std::size_t b = off / block_bytes(), e = (off + n - 1) / block_bytes(); b <= e; ++b)
             if (pins_[b].fetch_sub(1, std::memory_order_acq_rel) == 1) {
                 idle_[b].store(true, std::memory_order_relaxed);
                 ++idle;
             }
         if (last_owner || idle == 0) return;
-        if (idle_blocks_.fetch_add(idle, std::memory_order_acq_rel) + idle < sweep_bytes / block) return;
+        if (idle_blocks_.fetch_add(idle, std::memory_order_acq_rel) + idle < sweep_bytes / block_bytes()) return;
         if (queued_.exchange(true, std::memory_order_acq_rel)) return;
         auto& q = sweep_queue::get();
         try {
@@ -231,8 +244,8 @@ private:
         std::mutex m;
         std::vector<std::weak_ptr<file_mapping>> maps;
         static sweep_queue& get() {
-            static sweep_queue q;
-            return q;
+            static auto* q = new sweep_queue;  // never destroyed: mappings may die at exit
+            return *q;
         }
     };
     void sweep() noexcept {
@@ -242,11 +255,11 @@ private:
         std::size_t run_begin = 0, run_end = 0;  // idle blocks, as one range
         auto add = [&](std::size_t b, std::size_t e) {
             if (b == e) return;
-            const std::size_t from = b * block, to = std::min(e * block, size_);
+            const std::size_t from = b * block_bytes(), to = std::min(e * block_bytes(), size_);
             runs[n++] = {base_ + from, to - from};
             if (n == std::size(runs)) drop(runs, std::exchange(n, 0));
         };
-        for (std::size_t b = 0, blocks = (size_ + block - 1) / block; b < blocks; ++b) {
+        for (std::size_t b = 0, blocks = (size_ + block_bytes() - 1) / block_bytes(); b < blocks; ++b) {
             // A block pinned again since it went idle is in use (a drop would only cost a
             // refault: the mapping is private and read-only, so the data comes back from
             // the page cache); skip it.
@@ -266,6 +279,7 @@ private:
     /// flushes the TLBs once per call instead of once per range), else one madvise each.
     static void drop(const iovec* runs, std::size_t n) noexcept {
         if (n == 0) return;
+#if defined(SYS_process_madvise) && defined(SYS_pidfd_open)
         static const pid_t pid = ::getpid();  // a forked child has another: its drops go one by one
         static const int self = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));  // close-on-exec
         static std::atomic<bool> batched{true};
@@ -279,6 +293,7 @@ private:
             }
             if (errno == EINVAL || errno == ENOSYS || errno == EPERM) batched.store(false, std::memory_order_relaxed);
         }
+#endif
         drop_each(runs, n);
     }
     static void drop_each(const iovec* runs, std::size_t n) noexcept {
@@ -289,9 +304,9 @@ private:
         : base_(base),
           size_(size),
           path_(std::move(path)),
-          pins_(new std::atomic<std::uint32_t>[(size + block - 1) / block]),
-          idle_(new std::atomic<bool>[(size + block - 1) / block]) {
-        for (std::size_t i = 0, n = (size + block - 1) / block; i < n; ++i) {
+          pins_(new std::atomic<std::uint32_t>[(size + block_bytes() - 1) / block_bytes()]),
+          idle_(new std::atomic<bool>[(size + block_bytes() - 1) / block_bytes()]) {
+        for (std::size_t i = 0, n = (size + block_bytes() - 1) / block_bytes(); i < n; ++i) {
             pins_[i].store(0, std::memory_order_relaxed);
             idle_[i].store(false, std::memory_order_relaxed);
         }
