@@ -30,6 +30,14 @@ public:
         auto over = [&](std::uint64_t size, const char* how) {
             corrupt(*pol_, *c.source, c.inflated, std::string("object of ") + how + std::to_string(size) + " bytes" + over_limit(lim), 0);
         };
+        // Over the limit: what is held goes, the object is dropped as its bytes arrive.
+        auto drop_over = [&](state& st, std::uint64_t size, bool last) {
+            st.dropped = true;
+            st.parts.clear();
+            st.data.clear();
+            st.held.set(0);
+            over(size, last ? "" : "at least ");
+        };
         auto it = states_.find(c.source.get());
         if (it == states_.end() && c.offset == 0 && c.last && !c.gap) {  // the whole object in one chunk: no copy
             if (c.data.size() > lim) return over(c.data.size(), "");
@@ -53,10 +61,7 @@ public:
             if (joins) {
                 const std::uint64_t size = st.held_size + c.data.size();
                 if (size > lim) {
-                    st.dropped = true;
-                    st.parts.clear();
-                    st.held.set(0);
-                    over(size, c.last ? "" : "at least ");
+                    drop_over(st, size, c.last);
                 } else {
                     if (!c.data.empty() || st.parts.empty()) st.parts.push_back(std::move(c.data));
                     st.held_size = size;
@@ -65,7 +70,7 @@ public:
                 if (c.last && !st.dropped) {
                     bytes whole = st.parts.size() == 1 ? std::move(st.parts[0]) : bytes::joined_in_place(st.parts);
                     if (st.parts.size() > 1 && !whole.file()) {  // not laid end to end after all: assemble
-                        for (auto& part : st.parts) st.data.append(part.data(), part.size(), lim);
+                        assemble_parts(st, lim);
                         whole = st.data.release();
                     }
                     out.push_back(record{std::move(whole), c.source, 0, 0, {}});
@@ -73,21 +78,16 @@ public:
                 if (c.last) states_.erase(it);
                 return;
             }
-            for (auto& part : st.parts) st.data.append(part.data(), part.size(), lim);  // from here on: assembled
-            st.parts.clear();
+            assemble_parts(st, lim);  // from here on: assembled
             if (c.gap && !st.dropped) {  // bytes were lost upstream (and counted there): the object is gone
                 st.dropped = true;
-                st.parts.clear();
                 st.data.clear();
                 st.held.set(0);
             }
             if (!st.dropped) {
                 const std::uint64_t size = std::uint64_t{st.data.size()} + c.data.size();
                 if (size > lim) {
-                    st.dropped = true;
-                    st.data.clear();
-                    st.held.set(0);
-                    over(size, c.last ? "" : "at least ");
+                    drop_over(st, size, c.last);
                 } else {
                     // Copied in as it comes, so the chunk goes back at once: the object
                     // plus one chunk at most, not twice the object.
@@ -104,6 +104,12 @@ public:
     }
 
 private:
+    // The slices kept so far, copied into the block being assembled.
+    static void assemble_parts(state& st, std::size_t lim) {
+        for (auto& part : st.parts) st.data.append(part.data(), part.size(), lim);
+        st.parts.clear();
+    }
+
     std::shared_ptr<const parse_policy> pol_;
     std::unordered_map<const shard*, state> states_;
 };
