@@ -2,9 +2,12 @@
 """Fills an S3 emulator the tests started on loopback, with boto3.
 
   s3_setup.py moto ENDPOINT ROOT    moto_server started with INITIAL_NO_AUTH_ACTION_COUNT:
-                                    makes an IAM user with an s3:* policy and an access key,
-                                    uploads ROOT, then turns signature checking on
-                                    (POST /moto-api/reset-auth); prints "KEY SECRET".
+                                    makes an IAM user with an s3:* + sts:AssumeRole policy
+                                    and an access key, and the role sluice-reader (s3:*,
+                                    assumable by anyone, also with a web identity), uploads
+                                    ROOT, then turns signature checking on (POST
+                                    /moto-api/reset-auth); prints "KEY SECRET".
+  s3_setup.py moto-open ...         the same, signature checking left off.
   s3_setup.py s3rver ENDPOINT ROOT  s3rver (access key S3RVER): uploads ROOT.
 
 Each directory directly under ROOT becomes a bucket; the files below it its objects,
@@ -56,13 +59,22 @@ def main():
     iam.create_user(UserName="sluice")
     policy = iam.create_policy(PolicyName="sluice-s3", PolicyDocument=json.dumps({
         "Version": "2012-10-17",
-        "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+        "Statement": [{"Effect": "Allow", "Action": ["s3:*", "sts:AssumeRole"], "Resource": "*"}]}))
     iam.attach_user_policy(UserName="sluice", PolicyArn=policy["Policy"]["Arn"])
     key = iam.create_access_key(UserName="sluice")["AccessKey"]
+    iam.create_role(RoleName="sluice-reader", AssumeRolePolicyDocument=json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Principal": {"AWS": "*"},
+                       "Action": ["sts:AssumeRole", "sts:AssumeRoleWithWebIdentity"]}]}))
+    reader = iam.create_policy(PolicyName="sluice-reader-s3", PolicyDocument=json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+    iam.attach_role_policy(RoleName="sluice-reader", PolicyArn=reader["Policy"]["Arn"])
     upload(client("s3", endpoint, "AKIAROOTSETUP0000000", "setup-secret"), root)
-    req = urllib.request.Request(endpoint + "/moto-api/reset-auth", data=b"0", method="POST",
-                                 headers={"Content-Type": "text/plain"})
-    urllib.request.urlopen(req).read()
+    if kind == "moto":
+        req = urllib.request.Request(endpoint + "/moto-api/reset-auth", data=b"0", method="POST",
+                                     headers={"Content-Type": "text/plain"})
+        urllib.request.urlopen(req).read()
     print(key["AccessKeyId"], key["SecretAccessKey"])
 
 

@@ -103,11 +103,12 @@ private:
     std::unique_ptr<child> proc_;
 };
 
-/// The fault-injecting server (tests/support/fault_server.py) serving `root`.
-class fault_server {
+/// A test server of the project's own (a Python script under tests/support) serving `root`:
+/// it prints "port N" once it listens.
+class script_server {
 public:
-    fault_server(const std::string& root, std::vector<std::string> flags) {
-        std::vector<std::string> argv{"python3", SLUICE_FAULT_SERVER, root};
+    script_server(const char* script, const std::string& root, std::vector<std::string> flags) {
+        std::vector<std::string> argv{"python3", script, root};
         argv.insert(argv.end(), flags.begin(), flags.end());
         proc_ = std::make_unique<child>(argv, dir_ / "stdout", dir_ / "stderr");
         for (int i = 0; i < 1000; ++i) {
@@ -116,17 +117,35 @@ public:
                 port_ = std::stoi(out.substr(5));
                 break;
             }
-            if (!proc_->running()) throw std::runtime_error("fault server exited: " + slurp_file(dir_ / "stderr"));
+            if (!proc_->running()) throw std::runtime_error(std::string(script) + " exited: " + slurp_file(dir_ / "stderr"));
             std::this_thread::sleep_for(std::chrono::milliseconds(10));
         }
-        if (!port_) throw std::runtime_error("fault server did not start");
+        if (!port_) throw std::runtime_error(std::string(script) + " did not start");
     }
     std::string url(const std::string& path) const { return "http://127.0.0.1:" + std::to_string(port_) + "/" + path; }
+    int port() const noexcept { return port_; }
 
 private:
     temp_dir dir_;
     int port_ = 0;
     std::unique_ptr<child> proc_;
+};
+
+/// The fault-injecting server (tests/support/fault_server.py) serving `root`.
+class fault_server : public script_server {
+public:
+    fault_server(const std::string& root, std::vector<std::string> flags)
+        : script_server(SLUICE_FAULT_SERVER, root, std::move(flags)) {}
+};
+
+/// The server of expiring AWS credentials (tests/support/aws_creds_server.py): IMDSv2,
+/// container credentials and STS's web identity hand them out; S3 objects under `root`
+/// are served only to requests signed with live ones.
+class aws_creds_server : public script_server {
+public:
+    aws_creds_server(const std::string& root, std::vector<std::string> flags)
+        : script_server(SLUICE_AWS_CREDS_SERVER, root, std::move(flags)) {}
+    std::string endpoint() const { return "http://127.0.0.1:" + std::to_string(port()); }
 };
 
 /// An executable on PATH (or a path that is executable).
@@ -145,20 +164,21 @@ inline bool have_program(const std::string& name) {
 
 /// An S3 emulator on 127.0.0.1, filled from `root` (each directory under it a bucket).
 /// kind "moto": moto_server, signature checking turned on after the upload, with an IAM
-/// user's key (key(), secret()). kind "s3rver": s3rver (checks the key id only; key and
-/// secret S3RVER).
+/// user's key (key(), secret()) that may read S3 and assume the role `role_arn` (which may
+/// read S3). kind "moto-open": the same, signatures left unchecked. kind "s3rver": s3rver
+/// (checks the key id only; key and secret S3RVER).
 class s3_server {
 public:
     /// Why this kind cannot run here ("" when it can).
     static std::string unavailable(const std::string& kind) {
         if (!have_program("python3") || run({"/usr/bin/env", "python3", "-c", "import boto3"}).status != 0) return "python3 with boto3 is missing";
-        if (kind == "moto") return have_program("moto_server") ? "" : "moto_server is not on PATH";
+        if (kind.starts_with("moto")) return have_program("moto_server") ? "" : "moto_server is not on PATH";
         return have_program(SLUICE_S3RVER) ? "" : "s3rver is not installed (scripts/deps.sh --test installs it)";
     }
     s3_server(const std::string& kind, const std::string& root) {
         port_ = free_port();
         const auto port = std::to_string(port_);
-        if (kind == "moto") {
+        if (kind.starts_with("moto")) {
             // Unchecked for the setup's requests, then checked (s3_setup.py resets it).
             proc_ = std::make_unique<child>(std::vector<std::string>{"env", "INITIAL_NO_AUTH_ACTION_COUNT=1000000",
                                                                      "moto_server", "-H", "127.0.0.1", "-p", port},
@@ -182,6 +202,8 @@ public:
         secret_ = r.out.substr(sp + 1);
         while (!secret_.empty() && (secret_.back() == '\n' || secret_.back() == '\r')) secret_.pop_back();
     }
+    /// The role s3_setup.py makes in moto (moto's account is 123456789012).
+    static constexpr const char* role_arn = "arn:aws:iam::123456789012:role/sluice-reader";
     std::string endpoint() const { return "http://127.0.0.1:" + std::to_string(port_); }
     const std::string& key() const { return key_; }
     const std::string& secret() const { return secret_; }

@@ -67,6 +67,21 @@ public:
         for (auto& [n, c] : extra_) out.emplace_back(n, c->load(std::memory_order_relaxed));
         return out;
     }
+    /// A named fact in words (which credentials a fetch uses...), set or replaced at any
+    /// time (thread-safe). Never a secret: figures are printed and logged.
+    void note(const std::string& name, std::string value) {
+        std::lock_guard lock(m_);
+        for (auto& [n, v] : notes_)
+            if (n == name) {
+                v = std::move(value);
+                return;
+            }
+        notes_.emplace_back(name, std::move(value));
+    }
+    std::vector<std::pair<std::string, std::string>> notes() const {
+        std::lock_guard lock(m_);
+        return notes_;
+    }
 
 private:
     std::string name_;
@@ -74,6 +89,7 @@ private:
     std::vector<std::unique_ptr<worker_counters>> workers_;
     mutable std::mutex m_;
     std::vector<std::pair<std::string, std::unique_ptr<std::atomic<std::uint64_t>>>> extra_;
+    std::vector<std::pair<std::string, std::string>> notes_;
 };
 
 /// A stage's figures at one moment.
@@ -84,6 +100,7 @@ struct stage_figures {
     double busy_s = 0, wait_input_s = 0, wait_output_s = 0;
     bool counts_records = false;
     std::vector<std::pair<std::string, std::uint64_t>> counters;
+    std::vector<std::pair<std::string, std::string>> notes;  // see stage_stats::note
     /// Share of the workers' time spent working: 0..1.
     double utilization() const {
         const double total = busy_s + wait_input_s + wait_output_s;
@@ -118,6 +135,7 @@ inline stage_figures snapshot(const stage_stats& s, std::uint64_t now_ns) {
     f.wait_input_s = double(wi) * 1e-9;
     f.wait_output_s = double(wo) * 1e-9;
     f.counters = s.counters();
+    f.notes = s.notes();
     return f;
 }
 
@@ -181,6 +199,7 @@ struct pipeline_figures {
             out += buf;
             for (auto& [n, v] : s.counters)
                 out += "    " + n + ": " + std::to_string(v) + "\n";
+            for (auto& [n, v] : s.notes) out += "    " + n + ": " + v + "\n";
         }
         out += "bottleneck: " + bottleneck() + "\n";
         return out;
@@ -213,6 +232,7 @@ struct pipeline_figures {
             w.key("wait_output_s").value(s.wait_output_s);
             w.key("utilization").value(s.utilization());
             for (auto& [n, v] : s.counters) w.key(n).value(v);
+            for (auto& [n, v] : s.notes) w.key(n).value(v);
             w.end_object();
         }
         w.end_array();

@@ -26,10 +26,10 @@ TEST_CASE("utilization is the share of time spent working", "[stats]") {
 TEST_CASE("the bottleneck is the busiest stage, records come from the decoder", "[stats]") {
     sluice::pipeline_figures p;
     p.seconds = 2;
-    sluice::stage_figures read{.name = "read", .items_out = 5, .bytes_out = 500, .busy_s = 0.2, .wait_output_s = 1.8, .counters = {}};
+    sluice::stage_figures read{.name = "read", .items_out = 5, .bytes_out = 500, .busy_s = 0.2, .wait_output_s = 1.8, .counters = {}, .notes = {}};
     sluice::stage_figures decode{.name = "lines", .items_out = 100, .bytes_out = 400, .busy_s = 1.9, .wait_input_s = 0.1,
-                                 .counts_records = true, .counters = {}};
-    sluice::stage_figures consumer{.name = "consumer", .items_in = 4, .busy_s = 0.1, .wait_input_s = 1.9, .counters = {}};
+                                 .counts_records = true, .counters = {}, .notes = {}};
+    sluice::stage_figures consumer{.name = "consumer", .items_in = 4, .busy_s = 0.1, .wait_input_s = 1.9, .counters = {}, .notes = {}};
     p.stages = {read, decode, consumer};
     REQUIRE(p.bottleneck() == "lines");
     REQUIRE(p.records_and_bytes() == std::pair<std::uint64_t, std::uint64_t>{100, 400});
@@ -39,7 +39,7 @@ TEST_CASE("the bottleneck is the busiest stage, records come from the decoder", 
 
 TEST_CASE("JSON output escapes strings and writes every stage", "[stats]") {
     sluice::pipeline_figures p;
-    p.stages.push_back({.name = "a\"b\\c\n", .items_in = 1, .counters = {}});
+    p.stages.push_back({.name = "a\"b\\c\n", .items_in = 1, .counters = {}, .notes = {}});
     const auto j = p.json();
     REQUIRE(j.find(R"("name":"a\"b\\c\n")") != std::string::npos);
     REQUIRE(j.find(R"("items_in":1)") != std::string::npos);

@@ -277,17 +277,21 @@ TEST_CASE("s3: endpoint, region and credentials are found in the AWS CLI's order
             {"AWS_SESSION_TOKEN", std::nullopt},      {"AWS_PROFILE", std::nullopt},
             {"AWS_REGION", std::nullopt},             {"AWS_DEFAULT_REGION", std::nullopt},
             {"AWS_ENDPOINT_URL", std::nullopt},       {"AWS_ENDPOINT_URL_S3", std::nullopt},
-            {"AWS_SHARED_CREDENTIALS_FILE", creds},   {"AWS_CONFIG_FILE", config}};
+            {"AWS_SHARED_CREDENTIALS_FILE", creds},   {"AWS_CONFIG_FILE", config},
+            {"AWS_WEB_IDENTITY_TOKEN_FILE", std::nullopt},
+            {"AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", std::nullopt},
+            {"AWS_CONTAINER_CREDENTIALS_FULL_URI", std::nullopt},
+            {"AWS_EC2_METADATA_DISABLED", "true"}};
         for (auto& e : extra) v.push_back(e);
         return v;
     };
     SECTION("the environment's keys come first") {
         scoped_env env(clean({{"AWS_ACCESS_KEY_ID", "AKIDENV"}, {"AWS_SECRET_ACCESS_KEY", "env-secret"}, {"AWS_SESSION_TOKEN", "env-token"}}));
         const auto c = sluice::detail::resolve_s3({}, url);
-        REQUIRE(c.creds.access_key == "AKIDENV");
-        REQUIRE(c.creds.secret_key == "env-secret");
-        REQUIRE(c.creds.session_token == "env-token");
-        REQUIRE(c.where == "the environment");
+        REQUIRE(c.creds().access_key == "AKIDENV");
+        REQUIRE(c.creds().secret_key == "env-secret");
+        REQUIRE(c.creds().session_token == "env-token");
+        REQUIRE(c.where() == "the environment");
         REQUIRE(c.region == "eu-central-1");  // the default profile's
         REQUIRE(c.host == "s3.eu-central-1.amazonaws.com");
         REQUIRE(c.scheme == "https");
@@ -295,16 +299,16 @@ TEST_CASE("s3: endpoint, region and credentials are found in the AWS CLI's order
     SECTION("then the shared credentials file, for AWS_PROFILE") {
         scoped_env env(clean({{"AWS_PROFILE", "other"}, {"AWS_DEFAULT_REGION", "us-west-2"}}));
         const auto c = sluice::detail::resolve_s3({}, url);
-        REQUIRE(c.creds.access_key == "AKIDOTHER");
-        REQUIRE(c.creds.session_token == "other-token");
-        REQUIRE(c.where == creds + " [other]");
+        REQUIRE(c.creds().access_key == "AKIDOTHER");
+        REQUIRE(c.creds().session_token == "other-token");
+        REQUIRE(c.where() == creds + " [other]");
         REQUIRE(c.region == "us-west-2");
     }
     SECTION("then the config file; a profile named in the options wins over the environment") {
         scoped_env env(clean({{"AWS_ACCESS_KEY_ID", "AKIDENV"}, {"AWS_SECRET_ACCESS_KEY", "env-secret"}}));
         const auto c = sluice::detail::resolve_s3({.profile = "cfg"}, url);
-        REQUIRE(c.creds.access_key == "AKIDCFG");
-        REQUIRE(c.where == config + " [cfg]");
+        REQUIRE(c.creds().access_key == "AKIDCFG");
+        REQUIRE(c.where() == config + " [cfg]");
         REQUIRE(c.region == "ap-south-1");
         REQUIRE(c.host == "127.0.0.1:9000");  // the profile's endpoint_url
         REQUIRE(c.scheme == "http");
@@ -369,12 +373,15 @@ TEST_CASE("s3: endpoint, region and credentials are found in the AWS CLI's order
     SECTION("no credentials: an error that says where it looked and what to do") {
         scoped_env env(clean({{"AWS_PROFILE", "nobody"}, {"AWS_CONFIG_FILE", d / "no-such-config"}}));
         REQUIRE_THROWS_WITH(sluice::detail::resolve_s3({}, url),
-                            "sluice: no AWS credentials (looked in AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in the environment, " +
-                                creds + " [nobody] (no such section), " + d / "no-such-config" +
-                                " [profile nobody] (no such file); for a public bucket use anonymous access) for 's3://b/k': " +
+                            "sluice: no AWS credentials (looked in AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in the environment, "
+                                "AWS_WEB_IDENTITY_TOKEN_FILE (not set), " + creds + " [nobody] (no such section), " +
+                                d / "no-such-config" +
+                                " [profile nobody] (no such file), container credentials (AWS_CONTAINER_CREDENTIALS_RELATIVE_URI/"
+                                "_FULL_URI not set), instance metadata (AWS_EC2_METADATA_DISABLED); for a public bucket use "
+                                "anonymous access) for 's3://b/k': " +
                                 std::make_error_code(std::errc::permission_denied).message());
         const auto anon = sluice::detail::resolve_s3({.anonymous = true}, url);
-        REQUIRE(anon.where == "anonymous");
+        REQUIRE(anon.where() == "anonymous");
         REQUIRE(!sluice::detail::auth_of(anon).sign);
     }
 }
@@ -584,17 +591,28 @@ TEST_CASE("s3: throttling (503 SlowDown) backs off and retries, parts and resume
 
 TEST_CASE("s3: missing credentials stop the fetch with an error that says where it looked", "[s3][errors]") {
     sluice_test::temp_dir home;
+    // Instance metadata is asked last: here at a loopback port nothing listens on (the
+    // tests never reach 169.254.169.254).
+    const std::string imds = "http://127.0.0.1:" + std::to_string(sluice_test::free_port());
     sluice_test::scoped_env env({{"AWS_ACCESS_KEY_ID", std::nullopt},
                                  {"AWS_SECRET_ACCESS_KEY", std::nullopt},
                                  {"AWS_PROFILE", std::nullopt},
                                  {"AWS_SHARED_CREDENTIALS_FILE", std::nullopt},
                                  {"AWS_CONFIG_FILE", std::nullopt},
+                                 {"AWS_WEB_IDENTITY_TOKEN_FILE", std::nullopt},
+                                 {"AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", std::nullopt},
+                                 {"AWS_CONTAINER_CREDENTIALS_FULL_URI", std::nullopt},
+                                 {"AWS_EC2_METADATA_DISABLED", std::nullopt},
+                                 {"AWS_EC2_METADATA_SERVICE_ENDPOINT", imds},
                                  {"HOME", home.path().string()}});
     sluice::pipeline p(sluice::list("s3://bucket/key.tar") | sluice::plan() |
                        sluice::fetch({.s3 = {.endpoint = "http://127.0.0.1:9"}}) | sluice::raw());
     REQUIRE_THROWS_WITH(p.next_blocking(),
-                        Catch::StartsWith("sluice: no AWS credentials (looked in AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in the environment, " +
+                        Catch::StartsWith("sluice: no AWS credentials (looked in AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in the environment, "
+                                          "AWS_WEB_IDENTITY_TOKEN_FILE (not set), " +
                                           home / ".aws/credentials [default] (no such file), ") &&
+                            Catch::Contains("container credentials (AWS_CONTAINER_CREDENTIALS_RELATIVE_URI/_FULL_URI not set), "
+                                            "instance metadata (" + imds + ": Couldn't connect to server") &&
                             Catch::Contains("for 's3://bucket/key.tar'"));
 }
 

@@ -7,10 +7,17 @@
 #include <sluice/io/s3.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
+#include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -72,8 +79,140 @@ inline std::string s3_query(std::vector<std::pair<std::string, std::string>> par
     return q;
 }
 
+using wall_clock = std::chrono::system_clock;
+
 struct s3_credentials {
     std::string access_key, secret_key, session_token;
+    std::optional<wall_clock::time_point> expires = std::nullopt;  // none: they do not expire
+};
+
+/// Why a credential source gave nothing: names the source and the status or cause, never
+/// a secret or a token. resolve_s3 and the stages turn it into a source_error naming the
+/// object that needed the credentials.
+struct credentials_unavailable : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+/// The credentials one source of the chain gave (see io/detail/aws_credentials.hpp), kept
+/// fresh. Temporary credentials are refreshed before they expire: 5 minutes before, or a
+/// quarter of their lifetime when that is shorter (credentials that live seconds, as in
+/// tests); until then the held ones stay in use. refresh_if_due() blocks on the source
+/// (a network call for STS, containers and instance metadata), so the stages call it off
+/// the I/O loop, and only when due() says so. While one thread refreshes, the others go
+/// on with the held credentials unless those have expired. A source that fails while its
+/// credentials are still valid is tried again later (counted in refresh_failures()); one
+/// that fails after they expired throws credentials_unavailable.
+/// Thread-safe.
+class credential_provider {
+public:
+    using fetch_fn = std::function<s3_credentials()>;
+    /// `again`: fetches from the same source again; empty for credentials that cannot be
+    /// re-read (the environment's, anonymous access).
+    credential_provider(std::string source, s3_credentials first, fetch_fn again = {})
+        : source_(std::move(source)), again_(std::move(again)), creds_(std::move(first)) {
+        schedule(wall_clock::now(), std::nullopt);
+    }
+    /// Which source won, in words (never a secret): shown in the stage's figures.
+    const std::string& source() const noexcept { return source_; }
+    s3_credentials current() const {
+        std::lock_guard lock(m_);
+        return creds_;
+    }
+    bool refreshable() const noexcept { return static_cast<bool>(again_); }
+    /// Whether the held credentials are within their refresh margin (cheap).
+    bool due(wall_clock::time_point now = wall_clock::now()) const noexcept {
+        return now.time_since_epoch().count() >= refresh_at_.load(std::memory_order_relaxed);
+    }
+    /// Refreshes when due; see the class comment.
+    void refresh_if_due() {
+        auto now = wall_clock::now();
+        if (!again_ || !due(now)) return;
+        std::unique_lock busy(refresh_m_, std::try_to_lock);
+        if (!busy.owns_lock()) {
+            if (!expired(now)) return;  // another thread refreshes; the held ones still serve
+            busy.lock();
+        }
+        now = wall_clock::now();
+        if (!due(now)) return;  // refreshed while this thread waited
+        std::optional<wall_clock::time_point> before;
+        {
+            std::lock_guard lock(m_);
+            before = creds_.expires;
+        }
+        try {
+            replace(again_(), before);
+        } catch (const credentials_unavailable&) {
+            if (expired(wall_clock::now())) throw;
+            failures_.fetch_add(1, std::memory_order_relaxed);
+            const auto left = *before - now;  // not expired: `before` is set
+            retry_in(now, std::clamp<wall_clock::duration>(left / 4, std::chrono::milliseconds(200), std::chrono::seconds(30)));
+        }
+    }
+    /// After a request was refused with `refused` (ExpiredToken, InvalidAccessKeyId...):
+    /// reads the source again, once, unless another thread already replaced them. True
+    /// when the credentials now differ from `refused` (the request is worth retrying).
+    bool reread_after_refusal(const s3_credentials& refused) {
+        if (!again_) return false;
+        std::lock_guard busy(refresh_m_);
+        {
+            std::lock_guard lock(m_);
+            if (!same(creds_, refused)) return true;
+        }
+        replace(again_(), std::nullopt);
+        std::lock_guard lock(m_);
+        return !same(creds_, refused);
+    }
+    std::uint64_t refreshes() const noexcept { return refreshes_.load(std::memory_order_relaxed); }
+    std::uint64_t refresh_failures() const noexcept { return failures_.load(std::memory_order_relaxed); }
+
+private:
+    static bool same(const s3_credentials& a, const s3_credentials& b) {
+        return a.access_key == b.access_key && a.secret_key == b.secret_key && a.session_token == b.session_token;
+    }
+    bool expired(wall_clock::time_point now) const {
+        std::lock_guard lock(m_);
+        return creds_.expires && now >= *creds_.expires;
+    }
+    void replace(s3_credentials fresh, std::optional<wall_clock::time_point> before) {
+        const auto now = wall_clock::now();
+        {
+            std::lock_guard lock(m_);
+            creds_ = std::move(fresh);
+        }
+        refreshes_.fetch_add(1, std::memory_order_relaxed);
+        schedule(now, before);
+    }
+    void schedule(wall_clock::time_point now, std::optional<wall_clock::time_point> before) {
+        std::optional<wall_clock::time_point> exp;
+        {
+            std::lock_guard lock(m_);
+            exp = creds_.expires;
+        }
+        if (!again_ || !exp) {
+            refresh_at_.store(INT64_MAX, std::memory_order_relaxed);
+            return;
+        }
+        const auto life = *exp - now;
+        if (before && *exp <= *before && life > wall_clock::duration::zero()) {
+            // The source gave the same credentials again (instance metadata rotates its own a
+            // few minutes before they expire): ask again soon, not at every request.
+            retry_in(now, std::clamp<wall_clock::duration>(life / 4, std::chrono::milliseconds(200), std::chrono::seconds(60)));
+            return;
+        }
+        const wall_clock::duration margin = std::min<wall_clock::duration>(std::chrono::minutes(5), life / 4);
+        refresh_at_.store((*exp - margin).time_since_epoch().count(), std::memory_order_relaxed);
+    }
+    void retry_in(wall_clock::time_point now, wall_clock::duration d) {
+        refresh_at_.store((now + d).time_since_epoch().count(), std::memory_order_relaxed);
+    }
+
+    std::string source_;
+    fetch_fn again_;
+    mutable std::mutex m_;    // creds_
+    std::mutex refresh_m_;    // one refresh at a time
+    s3_credentials creds_;
+    std::atomic<std::int64_t> refresh_at_{INT64_MAX};  // wall_clock ticks since the epoch
+    std::atomic<std::uint64_t> refreshes_{0}, failures_{0};
 };
 
 /// Everything resolved: what one request needs.
@@ -85,8 +224,12 @@ struct s3_config {
     std::string region;
     s3_addressing addressing = s3_addressing::automatic;
     bool anonymous = false;
-    s3_credentials creds;
-    std::string where;  // where the credentials came from, for messages (never the values)
+    /// Null for anonymous access. Shared: every copy of the config sees its refreshes.
+    std::shared_ptr<credential_provider> credentials;
+    /// The credentials now (empty for anonymous access).
+    s3_credentials creds() const { return credentials ? credentials->current() : s3_credentials{}; }
+    /// Where the credentials came from, for messages and figures (never the values).
+    std::string where() const { return credentials ? credentials->source() : std::string("anonymous"); }
 };
 
 inline std::string env_or(const char* name, std::string fallback = {}) {
@@ -181,81 +324,6 @@ inline bool is_ip_or_localhost(std::string_view host) {
 inline bool dns_compatible(std::string_view b) {
     if (b.size() < 3 || b.size() > 63 || b.front() == '-' || b.back() == '-') return false;
     return b.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") == std::string_view::npos;
-}
-
-/// Resolves endpoint, region and credentials (see s3_options). `url` names the object in
-/// the error thrown when no credentials are found (the message says where it looked).
-inline s3_config resolve_s3(const s3_options& o, const std::string& url) {
-    s3_config c;
-    c.addressing = o.addressing;
-    c.anonymous = o.anonymous;
-    const std::string profile = !o.profile.empty() ? o.profile : env_or("AWS_PROFILE", "default");
-    const std::string cred_file = home_file("AWS_SHARED_CREDENTIALS_FILE", "credentials");
-    const std::string config_file = home_file("AWS_CONFIG_FILE", "config");
-    const ini_section creds = read_ini(cred_file, {profile});
-    const ini_section conf = read_ini(config_file, profile == "default" ? std::vector<std::string>{"default", "profile default"}
-                                                                        : std::vector<std::string>{"profile " + profile});
-    if (c.addressing == s3_addressing::automatic) {
-        const std::string style = lower(conf.get("s3.addressing_style"));
-        if (style == "path") c.addressing = s3_addressing::path;
-        else if (style == "virtual") c.addressing = s3_addressing::virtual_hosted;
-    }
-    c.ca_bundle = !o.ca_bundle.empty() ? o.ca_bundle : env_or("AWS_CA_BUNDLE", conf.get("ca_bundle"));
-
-    c.region = !o.region.empty() ? o.region
-                                 : env_or("AWS_REGION", env_or("AWS_DEFAULT_REGION", conf.get("region")));
-    if (c.region.empty()) c.region = "us-east-1";
-
-    std::string endpoint = !o.endpoint.empty() ? o.endpoint
-                                               : env_or("AWS_ENDPOINT_URL_S3", env_or("AWS_ENDPOINT_URL", conf.get("endpoint_url")));
-    if (endpoint.empty()) endpoint = "https://s3." + c.region + ".amazonaws.com";
-    const auto p = endpoint.find("://");
-    if (p == std::string::npos)
-        throw source_error(url, "the S3 endpoint '" + endpoint + "' needs a scheme (http:// or https://), for");
-    c.scheme = lower(endpoint.substr(0, p));
-    endpoint.erase(0, p + 3);
-    if (c.scheme != "http" && c.scheme != "https")
-        throw source_error(url, "the S3 endpoint's scheme must be http or https, not '" + c.scheme + "', for");
-    if (endpoint.find_first_of("@?#") != std::string::npos)  // not echoed: it may hold a password
-        throw source_error(url, "the S3 endpoint must be scheme://host[:port][/path], without user, query or fragment, for");
-    const auto slash = endpoint.find('/');
-    c.host = endpoint.substr(0, slash);
-    if (slash != std::string::npos) c.base_path = endpoint.substr(slash);
-    while (!c.base_path.empty() && c.base_path.back() == '/') c.base_path.pop_back();
-    if (c.host.empty()) throw source_error(url, "the S3 endpoint has no host, for");
-
-    if (o.anonymous) {
-        c.where = "anonymous";
-        return c;
-    }
-    auto from_section = [&](const ini_section& s, const std::string& file) {
-        const std::string key = s.get("aws_access_key_id"), secret = s.get("aws_secret_access_key");
-        if (key.empty() || secret.empty()) return false;
-        c.creds = {key, secret, s.get("aws_session_token")};
-        c.where = file + " [" + profile + "]";
-        return true;
-    };
-    const std::string env_key = env_or("AWS_ACCESS_KEY_ID"), env_secret = env_or("AWS_SECRET_ACCESS_KEY");
-    if (o.profile.empty() && env_key.empty() != env_secret.empty())
-        throw source_error(url, std::string("partial AWS credentials in the environment: ") +
-                                    (env_key.empty() ? "AWS_SECRET_ACCESS_KEY is set, AWS_ACCESS_KEY_ID is not"
-                                                     : "AWS_ACCESS_KEY_ID is set, AWS_SECRET_ACCESS_KEY is not") +
-                                    ", for",
-                           std::make_error_code(std::errc::permission_denied));
-    if (o.profile.empty() && !env_key.empty() && !env_secret.empty()) {
-        c.creds = {env_key, env_secret, env_or("AWS_SESSION_TOKEN")};
-        c.where = "the environment";
-        return c;
-    }
-    if (from_section(creds, cred_file) || from_section(conf, config_file)) return c;
-    std::string looked = o.profile.empty() ? "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in the environment, " : "";
-    auto place = [](const std::string& file, const ini_section& s, const std::string& section) {
-        return file + " [" + section + "]" + (!s.file ? " (no such file)" : !s.found ? " (no such section)" : "");
-    };
-    looked += place(cred_file, creds, profile) + ", " +
-              place(config_file, conf, profile == "default" ? profile : "profile " + profile);
-    throw source_error(url, "no AWS credentials (looked in " + looked + "; for a public bucket use anonymous access) for",
-                       std::make_error_code(std::errc::permission_denied));
 }
 
 /// The HTTP URL of `key` in `bucket` (key raw; encoded here), with an optional query

@@ -1,8 +1,10 @@
 #pragma once
-// S3's XML (error replies, ListObjectsV2 pages, parsed namespace-agnostic with pugixml),
-// the blocking GET listings use, and the listing itself with its retries.
+// ListObjectsV2: its pages (parsed namespace-agnostic with pugixml) and the listing itself
+// with its retries.
 
 #include <sluice/core/error.hpp>
+#include <sluice/io/detail/aws_credentials.hpp>
+#include <sluice/io/detail/aws_http.hpp>
 #include <sluice/io/detail/curl_errors.hpp>
 #include <sluice/io/detail/retry.hpp>
 #include <sluice/io/detail/s3_sign.hpp>
@@ -23,37 +25,6 @@
 #include <vector>
 
 namespace sluice::detail {
-
-/// pugixml by local name: S3-compatible servers differ in namespaces (s3rver's is not
-/// AWS's), so names are matched without their prefix.
-inline bool local_name_is(const pugi::xml_node& n, std::string_view name) {
-    std::string_view full = n.name();
-    if (const auto colon = full.find(':'); colon != std::string_view::npos) full.remove_prefix(colon + 1);
-    return full == name;
-}
-inline pugi::xml_node xml_child(const pugi::xml_node& parent, std::string_view name) {
-    for (auto c : parent.children())
-        if (c.type() == pugi::node_element && local_name_is(c, name)) return c;
-    return {};
-}
-
-/// An S3 error reply's body → "Code: Message (RequestId R)"; empty when it is not one.
-/// Other elements (StringToSign, CanonicalRequest, AWSAccessKeyId...) are left out.
-/// A body cut short (only its start is kept) still gives what was parsed before the cut.
-inline std::string s3_error_text(std::string_view body) {
-    pugi::xml_document doc;
-    if (body.empty()) return {};
-    (void)doc.load_buffer(body.data(), body.size());
-    const auto err = doc.document_element();
-    if (!local_name_is(err, "Error")) return {};
-    std::string code = xml_child(err, "Code").text().get();
-    std::string msg = xml_child(err, "Message").text().get();
-    std::string id = xml_child(err, "RequestId").text().get();
-    std::string s = code;
-    if (!msg.empty()) s += (s.empty() ? "" : ": ") + msg;
-    if (!id.empty()) s += " (RequestId " + id + ")";
-    return s;
-}
 
 /// One page of ListObjectsV2.
 struct s3_page {
@@ -78,67 +49,6 @@ inline std::optional<s3_page> parse_list_v2(std::string_view body) {
     return p;
 }
 
-/// What a blocking GET returned.
-struct s3_reply {
-    CURLcode result = CURLE_OK;
-    long status = 0;
-    std::string body;
-    char errbuf[CURL_ERROR_SIZE] = {};
-};
-
-/// A blocking GET for small replies (listings), signed per `a`.
-/// A stop (`stop`) aborts it within about a second (CURLE_ABORTED_BY_CALLBACK).
-inline void s3_get(const std::string& url, const s3_auth& a, s3_reply& r, const std::string& ca_file = {},
-                   long timeout_s = 60, std::stop_token stop = {}) {
-    static const bool global = [] { return curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK; }();
-    (void)global;
-    CURL* e = curl_easy_init();
-    if (!e) {
-        r.result = CURLE_OUT_OF_MEMORY;
-        return;
-    }
-    curl_slist* headers = nullptr;
-    std::string sigv4;
-    curl_easy_setopt(e, CURLOPT_URL, url.c_str());
-    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, r.errbuf);
-    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(e, CURLOPT_TIMEOUT, timeout_s);
-    if (!ca_file.empty()) curl_easy_setopt(e, CURLOPT_CAINFO, ca_file.c_str());
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, +[](char* p, std::size_t s, std::size_t n, void* ud) {
-        static_cast<std::string*>(ud)->append(p, s * n);
-        return s * n;
-    });
-    curl_easy_setopt(e, CURLOPT_WRITEDATA, &r.body);
-    if (stop.stop_possible()) {  // curl asks at least once a second, also while it waits
-        curl_easy_setopt(e, CURLOPT_NOPROGRESS, 0L);
-        curl_easy_setopt(e, CURLOPT_XFERINFODATA, &stop);
-        curl_easy_setopt(e, CURLOPT_XFERINFOFUNCTION,
-                         +[](void* ud, curl_off_t, curl_off_t, curl_off_t, curl_off_t) -> int {
-                             return static_cast<std::stop_token*>(ud)->stop_requested() ? 1 : 0;
-                         });
-    }
-    s3_sign(e, headers, a, sigv4);
-    if (headers) curl_easy_setopt(e, CURLOPT_HTTPHEADER, headers);
-    r.result = curl_easy_perform(e);
-    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &r.status);
-    curl_easy_cleanup(e);
-    curl_slist_free_all(headers);
-}
-
-/// Why a request failed: curl's reason, or "HTTP 403 SignatureDoesNotMatch: ...
-/// (RequestId ...)" (S3 and friends say why in an XML body). Used for fetch and listing.
-inline std::string request_failure(CURLcode result, const char* errbuf, long status, std::string_view body) {
-    if (result != CURLE_OK) {
-        std::string s = curl_easy_strerror(result);
-        if (errbuf[0]) s += " (" + std::string(errbuf) + ")";
-        return s;
-    }
-    std::string s = "HTTP " + std::to_string(status);
-    if (auto x = s3_error_text(body); !x.empty()) s += " " + x;
-    return s;
-}
-
 /// Lists `s3://bucket/prefix` (every key under the prefix, in S3's order: by UTF-8
 /// bytes) with ListObjectsV2, page by page. When the key has a wildcard (`*`, `?`,
 /// `[`), the listing is of the prefix before it and keys are kept when the whole key
@@ -158,7 +68,7 @@ inline std::vector<std::string> s3_list(const s3_options& opts, const std::strin
     std::vector<std::string> out;
     std::string token;
     std::minstd_rand jitter(std::random_device{}());
-    const s3_auth auth = auth_of(c);
+    bool reread = false;  // credentials read again after a refusal: once per listing
     for (;;) {
         std::vector<std::pair<std::string, std::string>> q{{"list-type", "2"}};
         if (!prefix.empty()) q.emplace_back("prefix", prefix);
@@ -168,9 +78,15 @@ inline std::vector<std::string> s3_list(const s3_options& opts, const std::strin
         s3_reply r;
         for (unsigned attempt = 0;; ++attempt) {
             r = s3_reply{};
+            refresh_credentials(c, url);
+            const s3_auth auth = auth_of(c);
             s3_get(http, auth, r, auth.ca_bundle, 60, stop);
             if (stop.stop_requested()) throw stopped{};
             const bool ok = r.result == CURLE_OK && r.status == 200;
+            if (!ok && !reread && r.result == CURLE_OK && refused_credentials(s3_error_code(r.body))) {
+                reread = true;
+                if (reread_credentials(c, auth, url)) continue;  // not an attempt: the request was never served
+            }
             const bool transient = r.result != CURLE_OK ? retryable_curl(r.result) : retryable_status(r.status);
             if (ok) break;
             if (!transient || attempt >= retry.retries) {

@@ -10,8 +10,9 @@
 #include <sluice/io/detail/curl_engine.hpp>
 #include <sluice/io/detail/curl_errors.hpp>
 #include <sluice/io/detail/retry.hpp>
+#include <sluice/io/detail/aws_credentials.hpp>
+#include <sluice/io/detail/aws_http.hpp>  // request_failure: S3's XML error replies
 #include <sluice/io/detail/s3_config.hpp>
-#include <sluice/io/detail/s3_list.hpp>  // request_failure: S3's XML error replies
 #include <sluice/io/detail/s3_sign.hpp>
 #include <sluice/io/http.hpp>
 #include <sluice/io/local.hpp>
@@ -97,6 +98,7 @@ struct http_part {
     std::shared_ptr<http_transfer> t;
     bool permit = false;  // holds one of the limiter's permits
     std::uint64_t seq = 0;  // the permit's sequence number
+    bool reread = false;    // credentials read again after S3 refused this part's
 };
 
 struct fetch_state {
@@ -104,18 +106,25 @@ struct fetch_state {
     const fetch_options& o;
     stage_context<shard, chunk>& ctx;
     std::atomic<std::uint64_t>& requests;
-    std::optional<s3_config> s3;  // resolved at the first s3:// URL
+    std::shared_ptr<const s3_config> s3;  // the stage's, once its first s3:// URL came
 
-    /// The HTTP URL and signature of a shard's URL: itself, or S3's for s3://.
-    std::pair<std::string, s3_auth> locate(const std::string& url) {
+    /// The bucket and key of an s3:// URL; nothing for other URLs.
+    static std::optional<s3_location> s3_target(const std::string& url) {
         auto loc = parse_s3_url(url);
         if (!loc) {
             if (url.starts_with("s3://")) throw source_error(url, "not an s3://bucket/key URL:");
-            return {url, {}};
+            return std::nullopt;
         }
         if (loc->key.empty() || loc->key.ends_with('/'))
             throw source_error(url, "cannot fetch a prefix (list it: sluice::list gives its objects):");
-        if (!s3) s3 = resolve_s3(o.s3, url);
+        return loc;
+    }
+
+    /// The HTTP URL and signature of a shard's URL: itself, or S3's for s3:// (with the
+    /// credentials now: `s3` is set by then).
+    std::pair<std::string, s3_auth> locate(const std::string& url) {
+        auto loc = s3_target(url);
+        if (!loc) return {url, {}};
         return {s3_http_url(*s3, *loc), auth_of(*s3)};
     }
 
@@ -142,7 +151,36 @@ struct fetch_state {
 struct fetch_run {
     std::shared_ptr<aimd_limit> limit;
     std::shared_ptr<local_cache> cache;  // null without fetch_options::cache
+    std::mutex s3_m;
+    std::shared_ptr<const s3_config> s3;  // resolved once for the stage, at its first s3:// URL
 };
+
+inline void note_refreshes(const s3_config& c, stage_stats& stats) {
+    if (!c.credentials || !c.credentials->refreshable()) return;
+    stats.counter("credential_refreshes").store(c.credentials->refreshes(), std::memory_order_relaxed);
+    stats.counter("credential_refresh_failures").store(c.credentials->refresh_failures(), std::memory_order_relaxed);
+}
+
+/// The stage's S3 settings and credentials, resolved by the first worker that needs them,
+/// refreshed when due. Blocking (the credential sources are network calls): on the CPU pool.
+/// The figures show which source the credentials came from and how often they were read
+/// again.
+inline std::shared_ptr<const s3_config> s3_for(fetch_run& run, const fetch_options& o, const std::string& url,
+                                               stage_stats& stats) {
+    std::shared_ptr<const s3_config> c;
+    {
+        std::lock_guard lock(run.s3_m);
+        if (!run.s3) {
+            run.s3 = std::make_shared<const s3_config>(resolve_s3(o.s3, url));
+            stats.note("credentials", run.s3->where());
+        }
+        c = run.s3;
+    }
+    refresh_credentials(*c, url);
+    note_refreshes(*c, stats);
+    return c;
+}
+
 
 inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o) {
     auto run = std::make_shared<fetch_run>();
@@ -156,7 +194,7 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
     auto eng = curl_engine::shared();
     std::minstd_rand jitter(std::random_device{}());
     const backoff_policy retry{o.retries, o.backoff_base, o.backoff_cap};
-    fetch_state fs{*eng, o, ctx, ctx.stats.counter("requests"), std::nullopt};
+    fetch_state fs{*eng, o, ctx, ctx.stats.counter("requests"), nullptr};
     auto& retries = ctx.stats.counter("retries");
     auto& resumes = ctx.stats.counter("resumes");
     auto& throttled = ctx.stats.counter("throttled");
@@ -263,6 +301,20 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                 if (got) lim->release(seq, false, false);
                 throw stopped{};
             };
+            if (fs.s3_target(src->url) && (!fs.s3 || (fs.s3->credentials && fs.s3->credentials->due()))) {
+                // Resolving and refreshing credentials may wait on STS, a container endpoint
+                // or instance metadata: on the CPU pool, not the I/O loop every transfer
+                // shares. The error, if any, is thrown back on the I/O loop.
+                std::exception_ptr err;
+                co_await sluice::switch_to{ctx.rt.executor_for(pool::cpu)};
+                try {
+                    fs.s3 = s3_for(run, o, src->url, ctx.stats);
+                } catch (...) {
+                    err = std::current_exception();
+                }
+                co_await sluice::switch_to{ctx.rt.executor_for(pool::io)};
+                if (err) std::rethrow_exception(err);
+            }
             std::uint64_t first_seq = 0;
             stop_point();
             const bool first_permit = co_await wait_permit(&first_seq);
@@ -270,7 +322,7 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
             // The first request asks for one part: its answer gives the object's size, and
             // the other parts then download in parallel, `parts_in_flight` at a time.
             parts.push_back(http_part{0, o.parallel_parts ? part_size - 1 : http_request::npos, {}, first_permit, first_seq});
-            const auto where = fs.locate(src->url);
+            auto where = fs.locate(src->url);
             fs.start(parts.front(), where, "");
             std::uint64_t seq = 0;
             auto more_parts = [&] { return total != http_request::npos && next_from < total; };
@@ -386,7 +438,29 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                     throw source_error(src->url, "object changed while downloading (If-Match " + etag + " failed) from",
                                        {}, offset);
                 } else {
-                    const bool transient = t.result != CURLE_OK ? retryable_curl(t.result) : retryable_status(t.status);
+                    bool transient = t.result != CURLE_OK ? retryable_curl(t.result) : retryable_status(t.status);
+                    if (!transient && fs.s3 && !p.reread && t.result == CURLE_OK && refused_credentials(s3_error_code(t.error_body))) {
+                        // Credentials that expired or were rotated under us (ExpiredToken...):
+                        // read their source again, once per part, off the I/O loop; with new
+                        // ones the part is retried, and the parts after it sign with them.
+                        p.reread = true;
+                        std::exception_ptr err;
+                        bool fresh = false;
+                        co_await sluice::switch_to{ctx.rt.executor_for(pool::cpu)};
+                        try {
+                            fresh = reread_credentials(*fs.s3, t.req.auth, src->url);
+                            note_refreshes(*fs.s3, ctx.stats);
+                        } catch (...) {
+                            err = std::current_exception();
+                        }
+                        co_await sluice::switch_to{ctx.rt.executor_for(pool::io)};
+                        if (err) std::rethrow_exception(err);
+                        stop_point();
+                        if (fresh) {
+                            where.second = auth_of(*fs.s3);
+                            transient = true;
+                        }
+                    }
                     if (!transient || attempt >= retry.retries) {
                         std::string what = http_failure(t);
                         if (transient) what += " after " + std::to_string(attempt + 1) + " attempts";
