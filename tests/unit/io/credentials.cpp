@@ -128,6 +128,29 @@ void no_secret_in(const std::string& text, const std::string& secrets_file) {
 
 std::string everything_shown(const sluice::pipeline_figures& f) { return f.json() + "\n" + f.table(); }
 
+/// A loopback port that takes connections (the kernel's backlog) and never answers.
+class silent_listener {
+public:
+    silent_listener() {
+        fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+        REQUIRE(fd_ >= 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+        REQUIRE(::listen(fd_, 16) == 0);
+        socklen_t len = sizeof a;
+        REQUIRE(::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+        port_ = ntohs(a.sin_port);
+    }
+    ~silent_listener() { ::close(fd_); }
+    std::string url(const std::string& path = "") const { return "http://127.0.0.1:" + std::to_string(port_) + path; }
+
+private:
+    int fd_ = -1;
+    int port_ = 0;
+};
+
 }  // namespace
 
 TEST_CASE("credentials: ISO 8601 times as STS, instance metadata and credential_process write them", "[credentials]") {
@@ -149,13 +172,13 @@ TEST_CASE("credentials: a provider refreshes before expiry, keeps valid ones whi
     std::atomic<int> calls{0};
     std::atomic<bool> failing{false};
     std::atomic<int> life_ms{800};
-    auto source = [&] {
+    auto source = [&](std::stop_token) {
         if (failing) throw d::credentials_unavailable("test source: HTTP 503");
         const int n = ++calls;
         return d::s3_credentials{"AKID" + std::to_string(n), "secret", "token" + std::to_string(n),
                                  std::chrono::system_clock::now() + std::chrono::milliseconds(life_ms.load())};
     };
-    d::credential_provider p("test source", source(), source);
+    d::credential_provider p("test source", source({}), source);
     REQUIRE(calls == 1);
     REQUIRE(p.refreshable());
     REQUIRE(!p.due());  // 800 ms to live: due in the last quarter
@@ -390,21 +413,12 @@ TEST_CASE("credentials: instance metadata that refuses names itself and the stat
     }
     // A host that takes the connection and never answers (a black hole would time out the
     // same way): two tries of 0.3 s, then "no credentials" naming the timeout.
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    REQUIRE(fd >= 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    REQUIRE(::listen(fd, 16) == 0);
-    socklen_t len = sizeof a;
-    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-    const std::string silent = "http://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+    silent_listener quiet;
+    const std::string silent = quiet.url();
     scoped_env env(bare_env(dir, {{"AWS_EC2_METADATA_DISABLED", std::nullopt}, {"AWS_EC2_METADATA_SERVICE_ENDPOINT", silent}}));
     const auto t0 = std::chrono::steady_clock::now();
     const auto msg = resolve_error();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    ::close(fd);
     INFO(msg << " after " << s << " s");
     REQUIRE_THAT(msg, Catch::StartsWith("sluice: no AWS credentials (looked in ") &&
                           Catch::Contains("instance metadata (" + silent + ": Timeout was reached"));
@@ -468,4 +482,27 @@ TEST_CASE("credentials: moto's STS answers AssumeRoleWithWebIdentity as the chai
     sluice::pipeline p(sluice::list("s3://data/w.bin") | sluice::plan() | sluice::fetch() | sluice::raw());
     REQUIRE(std::string(p.next_blocking()->data.view()) == "web identity's object");
     REQUIRE_THAT(p.figures().json(), Catch::Contains("\"credentials\":\"web identity (AWS_WEB_IDENTITY_TOKEN_FILE: role "));
+}
+
+TEST_CASE("credentials: a stop ends a wait on a credential source that does not answer", "[credentials][stop]") {
+    // Container credentials that never answer: two tries of 2 s without a stop.
+    sluice_test::temp_dir dir;
+    silent_listener quiet;
+    scoped_env env(bare_env(dir, {{"AWS_CONTAINER_CREDENTIALS_FULL_URI", quiet.url("/creds")}}));
+    sluice::pipeline p(sluice::list("s3://bkt/a.bin") | sluice::plan() |
+                       sluice::fetch({.s3 = {.endpoint = "http://127.0.0.1:9"}}) | sluice::raw());
+    std::thread consumer([&] {
+        try {
+            while (p.next_blocking()) {
+            }
+        } catch (const std::exception&) {  // an error after the stop is the stage's business
+        }
+    });
+    std::this_thread::sleep_for(300ms);
+    const auto t0 = std::chrono::steady_clock::now();
+    p.stop();
+    consumer.join();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    INFO("stop took " << s << " s");
+    REQUIRE(s < 2.5);  // curl asks about the stop once a second; 4 s without it
 }

@@ -139,7 +139,7 @@ inline s3_credentials credentials_from_sts(std::string_view body, const std::str
 
 /// A small request with one retry after a transient failure (a connection that failed,
 /// 5xx, 429). `attempts` in all.
-inline s3_reply call_with_retry(const blocking_request& q, unsigned attempts) {
+inline s3_reply call_with_retry(const blocking_request& q, unsigned attempts) {  // q.stop ends it
     s3_reply r;
     for (unsigned a = 0;; ++a) {
         r = s3_reply{};
@@ -186,7 +186,7 @@ inline sts_endpoint sts_endpoint_for(const ini_section& conf, const std::string&
 /// One STS action (a form POST, as the SDKs send it: a token never goes into a URL), signed
 /// with `as` unless null. Throws credentials_unavailable naming `source` and the status.
 inline s3_credentials sts_call(const sts_endpoint& ep, std::vector<std::pair<std::string, std::string>> params,
-                               const s3_credentials* as, const std::string& source) {
+                               const s3_credentials* as, const std::string& source, std::stop_token stop) {
     params.emplace_back("Version", "2011-06-15");
     blocking_request q{.method = "POST",
                        .url = ep.url + "/",
@@ -194,7 +194,8 @@ inline s3_credentials sts_call(const sts_endpoint& ep, std::vector<std::pair<std
                        .body = s3_query(std::move(params)),  // sorted and encoded: a valid form body
                        .ca_file = ep.ca_file,
                        .timeout_ms = 10000,
-                       .connect_timeout_ms = 3000};
+                       .connect_timeout_ms = 3000,
+                       .stop = std::move(stop)};
     if (as) q.auth = auth_with(*as, ep.region, "sts");
     const s3_reply r = call_with_retry(q, 3);
     if (r.result != CURLE_OK || r.status != 200)
@@ -221,15 +222,16 @@ struct role_request {
 };
 
 inline s3_credentials assume_role_with_web_identity(const sts_endpoint& ep, const role_request& role,
-                                                    const std::string& token_file, const std::string& source) {
+                                                    const std::string& token_file, const std::string& source,
+                                                    std::stop_token stop) {
     auto p = role.params("AssumeRoleWithWebIdentity");
     p.emplace_back("WebIdentityToken", read_token_file(token_file, source));
-    return sts_call(ep, std::move(p), nullptr, source);
+    return sts_call(ep, std::move(p), nullptr, source, std::move(stop));
 }
 
 inline s3_credentials assume_role(const sts_endpoint& ep, const role_request& role, const s3_credentials& as,
-                                  const std::string& source) {
-    return sts_call(ep, role.params("AssumeRole"), &as, source);
+                                  const std::string& source, std::stop_token stop) {
+    return sts_call(ep, role.params("AssumeRole"), &as, source, std::move(stop));
 }
 
 // ---- credential_process ---------------------------------------------------------------
@@ -303,11 +305,11 @@ inline std::optional<container_endpoint> container_from_env() {
     return c;
 }
 
-inline s3_credentials container_credentials(const container_endpoint& c, const std::string& source) {
+inline s3_credentials container_credentials(const container_endpoint& c, const std::string& source, std::stop_token stop) {
     std::string token = !c.token_file.empty() ? read_token_file(c.token_file, source) : c.token;
     if (token.find_first_of("\r\n") != std::string::npos)
         throw credentials_unavailable(source + ": the authorization token holds a line break");
-    blocking_request q{.url = c.url, .timeout_ms = 2000, .connect_timeout_ms = 1000, .no_proxy = true};
+    blocking_request q{.url = c.url, .timeout_ms = 2000, .connect_timeout_ms = 1000, .no_proxy = true, .stop = std::move(stop)};
     if (!token.empty()) q.headers.push_back("Authorization: " + token);
     const s3_reply r = call_with_retry(q, 2);
     if (r.result != CURLE_OK || r.status != 200)
@@ -353,7 +355,7 @@ public:
     /// The role's credentials. When no instance metadata answers (not on EC2) and
     /// `why_not` is given: nothing, with why in it. A refusal, or no answer when `why_not`
     /// is null (a refresh), throws credentials_unavailable.
-    std::optional<s3_credentials> fetch(std::string* why_not) {
+    std::optional<s3_credentials> fetch(std::string* why_not, std::stop_token stop) {
         std::lock_guard lock(m_);
         const std::string name = "instance metadata (IMDSv2 at " + source_error::redact(endpoint_) + ")";
         for (int fresh_token = 0; fresh_token < 2; ++fresh_token) {
@@ -363,7 +365,8 @@ public:
                                                     .headers = {"X-aws-ec2-metadata-token-ttl-seconds: 21600"},
                                                     .timeout_ms = token_ms_,
                                                     .connect_timeout_ms = token_ms_,
-                                                    .no_proxy = true},
+                                                    .no_proxy = true,
+                                                    .stop = stop},
                                                    attempts_);
                 const bool absent = r.result != CURLE_OK || r.status == 403 || r.status == 404 || r.status == 405;
                 if (absent && why_not) {
@@ -381,7 +384,7 @@ public:
                 token_until_ = wall_clock::now() + std::chrono::hours(6) - std::chrono::minutes(1);
             }
             const std::string base = endpoint_ + "/latest/meta-data/iam/security-credentials/";
-            s3_reply r = get(base);
+            s3_reply r = get(base, stop);
             if (r.result == CURLE_OK && r.status == 401 && !fresh_token) {
                 token_.clear();
                 continue;
@@ -395,7 +398,7 @@ public:
             role_ = trim(std::string_view(r.body).substr(0, r.body.find('\n')));
             if (role_.empty() || role_.find_first_of("/?#% ") != std::string::npos)
                 throw credentials_unavailable(name + ": the role request answered no role name");
-            r = get(base + role_);
+            r = get(base + role_, stop);
             if (r.result == CURLE_OK && r.status == 401 && !fresh_token) {
                 token_.clear();
                 continue;
@@ -409,12 +412,13 @@ public:
     }
 
 private:
-    s3_reply get(const std::string& url) const {
+    s3_reply get(const std::string& url, std::stop_token stop) const {
         return call_with_retry({.url = url,
                                 .headers = {"X-aws-ec2-metadata-token: " + token_},
                                 .timeout_ms = answer_ms_,
                                 .connect_timeout_ms = answer_ms_,
-                                .no_proxy = true},
+                                .no_proxy = true,
+                                .stop = std::move(stop)},
                                attempts_);
     }
 
@@ -438,6 +442,7 @@ struct credential_inputs {
     const ini_section& creds;  // [profile] of the credentials file
     const ini_section& conf;   // its section of the config file
     const std::string& region;
+    std::stop_token stop = {};  // cuts the sources' requests short
 };
 
 
@@ -447,8 +452,8 @@ struct credential_source {
     credential_provider::fetch_fn fetch;
 };
 
-inline std::shared_ptr<credential_provider> provide(credential_source s) {
-    auto first = s.fetch();
+inline std::shared_ptr<credential_provider> provide(credential_source s, std::stop_token stop) {
+    auto first = s.fetch(stop);
     return std::make_shared<credential_provider>(std::move(s.name), std::move(first), std::move(s.fetch));
 }
 
@@ -474,7 +479,7 @@ inline std::optional<credential_source> static_keys(const std::string& file, con
     const ini_section s = read_ini(file, sections);
     if (s.get("aws_access_key_id").empty() || s.get("aws_secret_access_key").empty()) return std::nullopt;
     std::string name = file + " [" + profile + "]";
-    return credential_source{name, [file, sections, name] {
+    return credential_source{name, [file, sections, name](std::stop_token) {
                                  const ini_section now = read_ini(file, sections);
                                  s3_credentials c{now.get("aws_access_key_id"), now.get("aws_secret_access_key"),
                                                   now.get("aws_session_token")};
@@ -491,7 +496,7 @@ inline std::optional<credential_source> environment_keys() {
                                       (key.empty() ? "AWS_SECRET_ACCESS_KEY is set, AWS_ACCESS_KEY_ID is not"
                                                    : "AWS_ACCESS_KEY_ID is set, AWS_SECRET_ACCESS_KEY is not") + ",");
     if (key.empty()) return std::nullopt;
-    return credential_source{"the environment", [] {
+    return credential_source{"the environment", [](std::stop_token) {
                                  return s3_credentials{env_or("AWS_ACCESS_KEY_ID"), env_or("AWS_SECRET_ACCESS_KEY"),
                                                        env_or("AWS_SESSION_TOKEN")};
                              }};
@@ -502,25 +507,27 @@ inline credential_source web_identity_source(const sts_endpoint& sts, role_reque
     std::string name = "web identity (" + where + ": role " + role.role_arn + ", token file " + token_file + ", STS at " +
                        source_error::redact(sts.url) + ")";
     if (role.session_name.empty()) role.session_name = default_session_name();
-    return {name, [sts, role, token_file, name] { return assume_role_with_web_identity(sts, role, token_file, name); }};
+    return {name, [sts, role, token_file, name](std::stop_token stop) {
+                return assume_role_with_web_identity(sts, role, token_file, name, std::move(stop));
+            }};
 }
 
 inline credential_source container_source(const container_endpoint& c) {
     std::string name = "container credentials (" + source_error::redact(c.url) + ")";
-    return {name, [c, name] { return container_credentials(c, name); }};
+    return {name, [c, name](std::stop_token stop) { return container_credentials(c, name, std::move(stop)); }};
 }
 
 /// Instance metadata's role credentials; nothing when it does not answer (with why in
 /// `why_not`). They are fetched here, to learn whether it answers: the source's first call
 /// gives them, later ones ask again.
-inline std::optional<credential_source> imds_source(const ini_section& conf, std::string* why_not) {
+inline std::optional<credential_source> imds_source(const ini_section& conf, std::string* why_not, std::stop_token stop) {
     auto imds = std::make_shared<imds_client>(conf);
-    auto first = imds->fetch(why_not);
+    auto first = imds->fetch(why_not, std::move(stop));
     if (!first) return std::nullopt;
     auto held = std::make_shared<std::optional<s3_credentials>>(std::move(first));
-    return credential_source{imds->source(), [imds, held] {
+    return credential_source{imds->source(), [imds, held](std::stop_token stop) {
                                  if (*held) return *std::exchange(*held, std::nullopt);
-                                 return *imds->fetch(nullptr);
+                                 return *imds->fetch(nullptr, std::move(stop));
                              }};
 }
 
@@ -558,7 +565,7 @@ inline std::optional<credential_source> profile_source(const profile_view& p, co
             if (!base) throw credentials_unavailable(where + ": credential_source Environment, but AWS_ACCESS_KEY_ID is not set,");
         } else if (cs == "Ec2InstanceMetadata") {
             std::string why;
-            base = imds_source(p.conf, &why);
+            base = imds_source(p.conf, &why, in.stop);
             if (!base) throw credentials_unavailable(where + ": credential_source Ec2InstanceMetadata, but no answer from " + why + ",");
         } else if (cs == "EcsContainer") {
             auto c = container_from_env();
@@ -575,14 +582,14 @@ inline std::optional<credential_source> profile_source(const profile_view& p, co
         std::string name = where + ": role " + role_arn + " assumed through STS at " + source_error::redact(sts.url) +
                            " with " + base->name;
         if (role.session_name.empty()) role.session_name = default_session_name();
-        return credential_source{name, [sts, role, base = std::move(*base), name] {
-                                     return assume_role(sts, role, base.fetch(), name);
+        return credential_source{name, [sts, role, base = std::move(*base), name](std::stop_token stop) {
+                                     return assume_role(sts, role, base.fetch(stop), name, stop);
                                  }};
     }
     if (auto s = static_keys(in.cred_file, p.name, false)) return s;
     if (const auto cmd = p.get("credential_process"); !cmd.empty()) {
         std::string name = "credential_process of " + where;
-        return credential_source{name, [cmd, name] { return run_credential_process(cmd, name); }};
+        return credential_source{name, [cmd, name](std::stop_token) { return run_credential_process(cmd, name); }};
     }
     return static_keys(in.config_file, p.name, true);
 }
@@ -591,29 +598,30 @@ inline std::shared_ptr<credential_provider> resolve_credentials(const credential
     std::string looked;
     if (in.o.profile.empty()) {  // a profile named in the options wins over the environment's keys
         if (auto env = environment_keys())  // read once: the environment does not change under us
-            return std::make_shared<credential_provider>(env->name, env->fetch());
+            return std::make_shared<credential_provider>(env->name, env->fetch({}));
         looked += "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in the environment, ";
     }
     if (const auto token_file = env_or("AWS_WEB_IDENTITY_TOKEN_FILE"); !token_file.empty()) {
         const std::string role = env_or("AWS_ROLE_ARN");
         if (role.empty()) throw credentials_unavailable("AWS_WEB_IDENTITY_TOKEN_FILE is set but AWS_ROLE_ARN is not,");
         return provide(web_identity_source(sts_endpoint_for(in.conf, in.region), {role, env_or("AWS_ROLE_SESSION_NAME"), {}, {}},
-                                           token_file, "AWS_WEB_IDENTITY_TOKEN_FILE"));
+                                           token_file, "AWS_WEB_IDENTITY_TOKEN_FILE"),
+                       in.stop);
     }
     looked += "AWS_WEB_IDENTITY_TOKEN_FILE (not set), ";
-    if (auto s = profile_source({in.profile, in.creds, in.conf}, in, {})) return provide(std::move(*s));
+    if (auto s = profile_source({in.profile, in.creds, in.conf}, in, {})) return provide(std::move(*s), in.stop);
     auto place = [](const std::string& file, const ini_section& s, const std::string& section) {
         return file + " [" + section + "]" + (!s.file ? " (no such file)" : !s.found ? " (no such section)" : "");
     };
     looked += place(in.cred_file, in.creds, in.profile) + ", " +
               place(in.config_file, in.conf, in.profile == "default" ? in.profile : "profile " + in.profile) + ", ";
-    if (auto c = container_from_env()) return provide(container_source(*c));
+    if (auto c = container_from_env()) return provide(container_source(*c), in.stop);
     looked += "container credentials (AWS_CONTAINER_CREDENTIALS_RELATIVE_URI/_FULL_URI not set), ";
     if (imds_client::disabled()) {
         looked += "instance metadata (AWS_EC2_METADATA_DISABLED)";
     } else {
         std::string why;
-        if (auto s = imds_source(in.conf, &why)) return provide(std::move(*s));
+        if (auto s = imds_source(in.conf, &why, in.stop)) return provide(std::move(*s), in.stop);
         looked += "instance metadata (" + why + ")";
     }
     throw credentials_unavailable("no AWS credentials (looked in " + looked + "; for a public bucket use anonymous access)");
@@ -621,7 +629,7 @@ inline std::shared_ptr<credential_provider> resolve_credentials(const credential
 
 /// Resolves endpoint, region and credentials (see s3_options). `url` names the object in
 /// the error thrown when no credentials are found (the message says where it looked).
-inline s3_config resolve_s3(const s3_options& o, const std::string& url) {
+inline s3_config resolve_s3(const s3_options& o, const std::string& url, std::stop_token stop = {}) {
     s3_config c;
     c.addressing = o.addressing;
     c.anonymous = o.anonymous;
@@ -661,7 +669,7 @@ inline s3_config resolve_s3(const s3_options& o, const std::string& url) {
 
     if (o.anonymous) return c;
     try {
-        c.credentials = resolve_credentials({o, profile, cred_file, config_file, creds, conf, c.region});
+        c.credentials = resolve_credentials({o, profile, cred_file, config_file, creds, conf, c.region, std::move(stop)});
     } catch (const credentials_unavailable& e) {
         throw source_error(url, std::string(e.what()) + " for", std::make_error_code(std::errc::permission_denied));
     }
@@ -671,10 +679,10 @@ inline s3_config resolve_s3(const s3_options& o, const std::string& url) {
 /// Refreshes `c`'s credentials when they are due (blocking: call it off the I/O loop, and
 /// cheaply first ask credential_provider::due). A source that fails once they expired
 /// stops the stage with an error naming it and `url`.
-inline void refresh_credentials(const s3_config& c, const std::string& url) {
+inline void refresh_credentials(const s3_config& c, const std::string& url, std::stop_token stop = {}) {
     if (!c.credentials || !c.credentials->due()) return;
     try {
-        c.credentials->refresh_if_due();
+        c.credentials->refresh_if_due(std::move(stop));
     } catch (const credentials_unavailable& e) {
         throw source_error(url, std::string(e.what()) + " for", std::make_error_code(std::errc::permission_denied));
     }
@@ -682,10 +690,11 @@ inline void refresh_credentials(const s3_config& c, const std::string& url) {
 
 /// After S3 refused `refused` (refused_credentials): reads the source again, once; true
 /// when the request is worth retrying with auth_of(c).
-inline bool reread_credentials(const s3_config& c, const s3_auth& refused, const std::string& url) {
+inline bool reread_credentials(const s3_config& c, const s3_auth& refused, const std::string& url, std::stop_token stop = {}) {
     if (!c.credentials) return false;
     try {
-        return c.credentials->reread_after_refusal({refused.access_key, refused.secret_key, refused.session_token});
+        return c.credentials->reread_after_refusal({refused.access_key, refused.secret_key, refused.session_token},
+                                                   std::move(stop));
     } catch (const credentials_unavailable& e) {
         throw source_error(url, std::string(e.what()) + " for", std::make_error_code(std::errc::permission_denied));
     }

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <optional>
 #include <stdexcept>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -105,7 +106,7 @@ struct credentials_unavailable : std::runtime_error {
 /// Thread-safe.
 class credential_provider {
 public:
-    using fetch_fn = std::function<s3_credentials()>;
+    using fetch_fn = std::function<s3_credentials(std::stop_token)>;  // a stop cuts its requests short
     /// `again`: fetches from the same source again; empty for credentials that cannot be
     /// re-read (the environment's, anonymous access).
     credential_provider(std::string source, s3_credentials first, fetch_fn again = {})
@@ -124,7 +125,7 @@ public:
         return now.time_since_epoch().count() >= refresh_at_.load(std::memory_order_relaxed);
     }
     /// Refreshes when due; see the class comment.
-    void refresh_if_due() {
+    void refresh_if_due(std::stop_token stop = {}) {
         auto now = wall_clock::now();
         if (!again_ || !due(now)) return;
         std::unique_lock busy(refresh_m_, std::try_to_lock);
@@ -140,7 +141,7 @@ public:
             before = creds_.expires;
         }
         try {
-            replace(again_(), before);
+            replace(again_(stop), before);
         } catch (const credentials_unavailable&) {
             if (expired(wall_clock::now())) throw;
             failures_.fetch_add(1, std::memory_order_relaxed);
@@ -151,14 +152,14 @@ public:
     /// After a request was refused with `refused` (ExpiredToken, InvalidAccessKeyId...):
     /// reads the source again, once, unless another thread already replaced them. True
     /// when the credentials now differ from `refused` (the request is worth retrying).
-    bool reread_after_refusal(const s3_credentials& refused) {
+    bool reread_after_refusal(const s3_credentials& refused, std::stop_token stop = {}) {
         if (!again_) return false;
         std::lock_guard busy(refresh_m_);
         {
             std::lock_guard lock(m_);
             if (!same(creds_, refused)) return true;
         }
-        replace(again_(), std::nullopt);
+        replace(again_(stop), std::nullopt);
         std::lock_guard lock(m_);
         return !same(creds_, refused);
     }

@@ -61,7 +61,7 @@ inline std::vector<std::string> s3_list(const s3_options& opts, const std::strin
                                         unsigned max_keys = 0, std::stop_token stop = {}) {
     auto loc = parse_s3_url(url);
     if (!loc) throw source_error(url, "not an s3://bucket/prefix URL:");
-    const s3_config c = resolve_s3(opts, url);
+    const s3_config c = resolve_s3(opts, url, stop);
     const auto wild = loc->key.find_first_of("*?[");
     const std::string pattern = wild == std::string::npos ? std::string() : loc->key;
     const std::string prefix = loc->key.substr(0, wild);
@@ -78,14 +78,14 @@ inline std::vector<std::string> s3_list(const s3_options& opts, const std::strin
         s3_reply r;
         for (unsigned attempt = 0;; ++attempt) {
             r = s3_reply{};
-            refresh_credentials(c, url);
+            refresh_credentials(c, url, stop);
             const s3_auth auth = auth_of(c);
             s3_get(http, auth, r, auth.ca_bundle, 60, stop);
             if (stop.stop_requested()) throw stopped{};
             const bool ok = r.result == CURLE_OK && r.status == 200;
             if (!ok && !reread && r.result == CURLE_OK && refused_credentials(s3_error_code(r.body))) {
                 reread = true;
-                if (reread_credentials(c, auth, url)) continue;  // not an attempt: the request was never served
+                if (reread_credentials(c, auth, url, stop)) continue;  // not an attempt: the request was never served
             }
             const bool transient = r.result != CURLE_OK ? retryable_curl(r.result) : retryable_status(r.status);
             if (ok) break;

@@ -166,17 +166,17 @@ inline void note_refreshes(const s3_config& c, stage_stats& stats) {
 /// The figures show which source the credentials came from and how often they were read
 /// again.
 inline std::shared_ptr<const s3_config> s3_for(fetch_run& run, const fetch_options& o, const std::string& url,
-                                               stage_stats& stats) {
+                                               stage_stats& stats, std::stop_token stop) {
     std::shared_ptr<const s3_config> c;
     {
         std::lock_guard lock(run.s3_m);
         if (!run.s3) {
-            run.s3 = std::make_shared<const s3_config>(resolve_s3(o.s3, url));
+            run.s3 = std::make_shared<const s3_config>(resolve_s3(o.s3, url, stop));
             stats.note("credentials", run.s3->where());
         }
         c = run.s3;
     }
-    refresh_credentials(*c, url);
+    refresh_credentials(*c, url, stop);
     note_refreshes(*c, stats);
     return c;
 }
@@ -308,11 +308,12 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                 std::exception_ptr err;
                 co_await sluice::switch_to{ctx.rt.executor_for(pool::cpu)};
                 try {
-                    fs.s3 = s3_for(run, o, src->url, ctx.stats);
+                    fs.s3 = s3_for(run, o, src->url, ctx.stats, ctx.stop);
                 } catch (...) {
                     err = std::current_exception();
                 }
                 co_await sluice::switch_to{ctx.rt.executor_for(pool::io)};
+                stop_point();  // a stop that cut a credential request short is not its failure
                 if (err) std::rethrow_exception(err);
             }
             std::uint64_t first_seq = 0;
@@ -448,14 +449,14 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                         bool fresh = false;
                         co_await sluice::switch_to{ctx.rt.executor_for(pool::cpu)};
                         try {
-                            fresh = reread_credentials(*fs.s3, t.req.auth, src->url);
+                            fresh = reread_credentials(*fs.s3, t.req.auth, src->url, ctx.stop);
                             note_refreshes(*fs.s3, ctx.stats);
                         } catch (...) {
                             err = std::current_exception();
                         }
                         co_await sluice::switch_to{ctx.rt.executor_for(pool::io)};
-                        if (err) std::rethrow_exception(err);
                         stop_point();
+                        if (err) std::rethrow_exception(err);
                         if (fresh) {
                             where.second = auth_of(*fs.s3);
                             transient = true;
