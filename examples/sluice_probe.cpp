@@ -37,8 +37,10 @@ constexpr const char* usage_text = R"(usage: sluice-probe [options] SOURCE...
 SOURCE: a path, a glob (data/*.txt), a brace pattern (data/shard-{000..063}.txt), a
 directory (all regular files below it), http(s):// URLs (brace patterns expand), or
 s3://bucket/key, s3://bucket/prefix/ (listed), s3://bucket/prefix/*.tar (listed, matched).
-S3 credentials, region and endpoint come from the AWS environment variables and files
-(AWS_ACCESS_KEY_ID, AWS_PROFILE, ~/.aws/credentials...) unless given below.
+S3 region and endpoint come from the AWS environment variables and files unless given
+below; credentials from the AWS CLI's chain (the environment, web identity, the profile's
+keys, role or credential_process, container credentials, instance metadata). The table
+and --json name the source that won (fetch: "credentials: ...").
 options:
   --format F             raw: one record per file; lines: per line (default);
                          chunks: no decoding, the sources' chunks counted (transfer rate);

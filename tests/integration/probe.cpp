@@ -3,6 +3,7 @@
 #include "support/test_support.hpp"
 
 #include <fstream>
+#include <sstream>
 
 using sluice_test::json_u64;
 using sluice_test::run;
@@ -226,6 +227,37 @@ TEST_CASE("sluice-probe reads s3:// shards anonymously from nginx, path style, i
     REQUIRE(anon.status == 0);
     REQUIRE(json_u64(anon.out, "crc_sum") == json_u64(s.d.summary, "crc_sum"));
     REQUIRE(json_u64(anon.out, "parts") > 0);
+}
+
+TEST_CASE("sluice-probe says which credentials it used (instance metadata here), never a secret", "[probe][s3][credentials]") {
+    s3_dataset s;
+    sluice_test::temp_dir dir;
+    const std::string secrets = dir / "secrets";
+    sluice_test::aws_creds_server server(s.root.path().string(), {"--secrets", secrets});
+    sluice_test::scoped_env env({{"AWS_SHARED_CREDENTIALS_FILE", dir / "none"},
+                                 {"AWS_CONFIG_FILE", dir / "none"},
+                                 {"AWS_WEB_IDENTITY_TOKEN_FILE", std::nullopt},
+                                 {"AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", std::nullopt},
+                                 {"AWS_CONTAINER_CREDENTIALS_FULL_URI", std::nullopt},
+                                 {"AWS_EC2_METADATA_DISABLED", std::nullopt},
+                                 {"AWS_EC2_METADATA_SERVICE_ENDPOINT", server.endpoint()}});
+    const std::string source = "instance metadata (IMDSv2 at " + server.endpoint() + ", role sluice-role)";
+    auto table = probe({"--progress", "0", "--format", "tar", "--endpoint", server.endpoint(), s.shards});
+    INFO(table.err << table.out);
+    REQUIRE(table.status == 0);
+    REQUIRE((table.out + table.err).find("    credentials: " + source + "\n") != std::string::npos);
+    auto json = probe({"--json", "--quiet", "--format", "tar", "--endpoint", server.endpoint(), s.shards});
+    REQUIRE(json.status == 0);
+    REQUIRE(json_u64(json.out, "crc_sum") == json_u64(s.d.summary, "crc_sum"));
+    REQUIRE(json.out.find("\"credentials\":\"" + source + "\"") != std::string::npos);
+    std::istringstream issued(sluice_test::slurp_file(secrets));
+    int n = 0;
+    for (std::string line; std::getline(issued, line);) {
+        if (line.empty()) continue;
+        ++n;
+        REQUIRE((table.out + table.err + json.out + json.err).find(line) == std::string::npos);
+    }
+    REQUIRE(n >= 4);  // two runs, each a secret key and a token
 }
 
 // Skipped (reported so by ctest, which matches "[test skipped]") without moto_server.

@@ -199,8 +199,8 @@ class Handler(BaseHTTPRequestHandler):
         if bad:
             return self.refuse(*bad)
         path = urllib.parse.unquote(self.path.partition("?")[0]).lstrip("/")
-        full = os.path.realpath(os.path.join(args.root, path))
-        if not full.startswith(os.path.realpath(args.root) + os.sep) or not os.path.isfile(full):
+        full = os.path.normpath(os.path.join(args.root, path))  # links under ROOT followed, ".." not
+        if not full.startswith(os.path.normpath(args.root) + os.sep) or not os.path.isfile(full):
             return self.refuse(404, "NoSuchKey")
         with open(full, "rb") as f:
             data = f.read()

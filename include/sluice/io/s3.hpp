@@ -31,19 +31,19 @@ enum class s3_addressing { automatic, virtual_hosted, path };
 ///   `endpoint_url`, else `https://s3.<region>.amazonaws.com`;
 /// - region: this, else `AWS_REGION`, `AWS_DEFAULT_REGION`, the profile's `region`, else
 ///   us-east-1;
-/// - credentials: `AWS_ACCESS_KEY_ID` + `AWS_SECRET_ACCESS_KEY` (+ `AWS_SESSION_TOKEN`),
-///   else the profile in the shared credentials file (`AWS_SHARED_CREDENTIALS_FILE`,
-///   default ~/.aws/credentials), else in the config file (`AWS_CONFIG_FILE`, default
-///   ~/.aws/config). The profile is this, else `AWS_PROFILE`, else `default`; a profile
-///   named here wins over the environment's keys (as `aws --profile` does).
+/// - credentials: the AWS CLI's chain (io/detail/aws_credentials.hpp; README "Credentials"):
+///   the environment's keys (not when a profile is named here, as `aws --profile`), web
+///   identity (AWS_WEB_IDENTITY_TOKEN_FILE + AWS_ROLE_ARN through STS), the profile (this,
+///   else AWS_PROFILE, else `default`) in the shared files (an assumed role, static keys,
+///   credential_process), container credentials (AWS_CONTAINER_CREDENTIALS_*_URI), then
+///   instance metadata (IMDSv2, unless AWS_EC2_METADATA_DISABLED=true). A source that is
+///   set up but fails is an error naming it and the status. Temporary credentials are
+///   refreshed before they expire, and read again once after S3 refuses them
+///   (ExpiredToken); the fetch stage's figures name the source (`credentials`).
 /// - addressing: this, else the profile's `s3 =` / `addressing_style` (path, virtual);
 /// - CA bundle for https: this, else `AWS_CA_BUNDLE`, the profile's `ca_bundle`, else the
 ///   system's (fetch_options::ca_file, when set, wins for objects).
 /// Environment keys half set (an id without a secret) are an error, not skipped.
-/// Credentials are read once per stage, when its first s3:// URL comes. Not read:
-/// instance metadata (IMDS), container credentials, SSO, assume-role and
-/// credential_process profiles; export their keys to the environment instead (and
-/// restart before temporary ones expire: an ExpiredToken reply is not retried).
 struct s3_options {
     std::string endpoint = {};
     std::string region = {};
@@ -56,6 +56,7 @@ struct s3_options {
 
 }  // namespace sluice
 
-// The machinery lives in io/detail/: s3_config.hpp (URLs, the AWS settings, credentials),
-// s3_sign.hpp (SigV4 through curl), s3_list.hpp (ListObjectsV2). fetch() and list()
-// include what they use.
+// The machinery lives in io/detail/: s3_config.hpp (URLs, the AWS settings, the credential
+// provider), aws_credentials.hpp (the credential chain and resolve_s3), s3_sign.hpp (SigV4
+// through curl), aws_http.hpp (small blocking requests, S3 and STS error replies),
+// s3_list.hpp (ListObjectsV2). fetch() and list() include what they use.
