@@ -240,7 +240,8 @@ TEST_CASE("sluice-probe says which credentials it used (instance metadata here),
                                  {"AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", std::nullopt},
                                  {"AWS_CONTAINER_CREDENTIALS_FULL_URI", std::nullopt},
                                  {"AWS_EC2_METADATA_DISABLED", std::nullopt},
-                                 {"AWS_EC2_METADATA_SERVICE_ENDPOINT", server.endpoint()}});
+                                 {"AWS_EC2_METADATA_SERVICE_ENDPOINT", server.endpoint()},
+                                 {"AWS_METADATA_SERVICE_TIMEOUT", "5"}});  // a Python server on a busy VM
     const std::string source = "instance metadata (IMDSv2 at " + server.endpoint() + ", role sluice-role)";
     auto table = probe({"--progress", "0", "--format", "tar", "--endpoint", server.endpoint(), s.shards});
     INFO(table.err << table.out);

@@ -21,8 +21,9 @@ Options:
   --container-token T  the Authorization the container endpoint wants (default: none)
   --web-token T        the WebIdentityToken STS wants
   --refuse-role        the role request answers 401 whatever the token
-  --secrets FILE       append every secret key and session token issued, one per line
-                       (tests check that none appears in sluice's messages or figures)
+  --secrets FILE       append every secret key, session token and IMDS token issued, and
+                       the container and web-identity tokens given, one per line (tests
+                       check that none appears in sluice's messages or figures)
 It listens on 127.0.0.1 on a free port and prints "port N" once it accepts connections.
 Stop it by pid.
 """
@@ -52,6 +53,13 @@ def iso(t):
     return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def remember(secret):
+    """Adds a secret or token to --secrets (call with the lock held)."""
+    if args.secrets:
+        with open(args.secrets, "a") as f:
+            f.write(secret + "\n")
+
+
 def issue():
     now = time.time()
     key = "ASIA" + secrets.token_hex(8).upper()
@@ -60,9 +68,8 @@ def issue():
     with lock:
         issued[key] = (secret, token, now + args.ttl)
         stats["issued"] += 1
-        if args.secrets:
-            with open(args.secrets, "a") as f:
-                f.write(secret + "\n" + token + "\n")
+        remember(secret)
+        remember(token)
     claimed = args.claimed_ttl if args.claimed_ttl is not None else args.ttl
     return key, secret, token, iso(now + claimed)
 
@@ -148,6 +155,7 @@ class Handler(BaseHTTPRequestHandler):
         with lock:
             imds_tokens.add(t)
             stats["imds_token_requests"] += 1
+            remember(t)
         self.reply(200, t, "text/plain")
 
     def do_POST(self):
@@ -232,6 +240,9 @@ def main():
     p.add_argument("--refuse-role", action="store_true")
     p.add_argument("--secrets", default=None)
     args = p.parse_args()
+    for given in (args.container_token, args.web_token):  # the tokens sluice sends
+        if given:
+            remember(given)
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     server.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

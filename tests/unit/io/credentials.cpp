@@ -58,7 +58,7 @@ std::vector<std::pair<std::string, std::optional<std::string>>> bare_env(
         {"AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", std::nullopt},
         {"AWS_EC2_METADATA_DISABLED", "true"},
         {"AWS_EC2_METADATA_SERVICE_ENDPOINT", std::nullopt},
-        {"AWS_METADATA_SERVICE_TIMEOUT", std::nullopt},
+        {"AWS_METADATA_SERVICE_TIMEOUT", "5"},  // a Python server on a busy VM, not the hypervisor
         {"AWS_METADATA_SERVICE_NUM_ATTEMPTS", std::nullopt}};
     for (auto& e : extra) v.push_back(e);
     return v;
@@ -144,6 +144,13 @@ public:
         port_ = ntohs(a.sin_port);
     }
     ~silent_listener() { ::close(fd_); }
+    /// Whether a connection waits in the backlog (taken and closed here).
+    bool has_caller() {
+        const int c = ::accept4(fd_, nullptr, nullptr, SOCK_NONBLOCK);
+        if (c < 0) return false;
+        ::close(c);
+        return true;
+    }
     std::string url(const std::string& path = "") const { return "http://127.0.0.1:" + std::to_string(port_) + path; }
 
 private:
@@ -169,44 +176,49 @@ TEST_CASE("credentials: ISO 8601 times as STS, instance metadata and credential_
 
 TEST_CASE("credentials: a provider refreshes before expiry, keeps valid ones while its source fails, and fails once they expired",
           "[credentials]") {
-    std::atomic<int> calls{0};
+    // The test's own clock: t(ms) is T0 + ms. Credentials live 2 s of it.
+    const auto T0 = std::chrono::system_clock::now();
+    auto t = [&](int ms) { return T0 + std::chrono::milliseconds(ms); };
+    std::atomic<int> clock_ms{0}, life_ms{2000}, calls{0};
     std::atomic<bool> failing{false};
-    std::atomic<int> life_ms{800};
     auto source = [&](std::stop_token) {
         if (failing) throw d::credentials_unavailable("test source: HTTP 503");
         const int n = ++calls;
-        return d::s3_credentials{"AKID" + std::to_string(n), "secret", "token" + std::to_string(n),
-                                 std::chrono::system_clock::now() + std::chrono::milliseconds(life_ms.load())};
+        return d::s3_credentials{"AKID" + std::to_string(n), "secret", "token" + std::to_string(n), t(clock_ms + life_ms)};
     };
     d::credential_provider p("test source", source({}), source);
     REQUIRE(calls == 1);
     REQUIRE(p.refreshable());
-    REQUIRE(!p.due());  // 800 ms to live: due in the last quarter
-    p.refresh_if_due();
+    REQUIRE(!p.due(t(1499)));  // due in the last quarter of their life (from when made: t(0) and a bit)
+    REQUIRE(p.due(t(1501)));
+    p.refresh_if_due({}, t(1000));
     REQUIRE(calls == 1);
-    std::this_thread::sleep_for(650ms);
-    REQUIRE(p.due());
-    p.refresh_if_due();
+    clock_ms = 1600;
+    p.refresh_if_due({}, t(1600));
     REQUIRE(calls == 2);
-    REQUIRE(p.current().access_key == "AKID2");
+    REQUIRE(p.current().access_key == "AKID2");  // now valid until t(3600), due at t(3100)
     REQUIRE(p.refreshes() == 1);
-    REQUIRE(!p.due());
+    REQUIRE(!p.due(t(3000)));
 
-    // The source fails while the held ones are still valid: they stay, and it is tried later.
-    std::this_thread::sleep_for(650ms);
+    // The source fails while the held ones are still valid: they stay, and it is asked
+    // again a little later (a quarter of what is left, at least 0.2 s).
     failing = true;
-    REQUIRE_NOTHROW(p.refresh_if_due());
+    REQUIRE_NOTHROW(p.refresh_if_due({}, t(3200)));
     REQUIRE(p.current().access_key == "AKID2");
     REQUIRE(p.refresh_failures() == 1);
-    // Once they expired, a failing source is an error.
-    std::this_thread::sleep_for(300ms);
-    REQUIRE(p.due());
-    REQUIRE_THROWS_WITH(p.refresh_if_due(), "test source: HTTP 503");
+    REQUIRE(!p.due(t(3399)));
+    REQUIRE(p.due(t(3400)));
+    // Once they expired, a failing source is an error; the next ask waits a second.
+    REQUIRE_THROWS_WITH(p.refresh_if_due({}, t(3700)), "test source: HTTP 503");
+    REQUIRE(p.refresh_failures() == 2);
+    REQUIRE(!p.due(t(4600)));
     failing = false;
+    clock_ms = 4700;
     life_ms = 3600 * 1000;
-    p.refresh_if_due();
+    p.refresh_if_due({}, t(4700));
     REQUIRE(p.current().access_key == "AKID3");
-    REQUIRE(!p.due());
+    REQUIRE(!p.due(t(4700 + 3300 * 1000 - 1)));  // an hour: due 5 minutes before its end
+    REQUIRE(p.due(t(4700 + 3300 * 1000)));
 
     // A refusal reads the source again, once, unless they were already replaced.
     const auto refused = p.current();
@@ -297,8 +309,9 @@ TEST_CASE("credentials: instance metadata (IMDSv2): 300 objects across several e
     sluice_test::temp_dir root, dir;
     const auto want = make_objects(root, 300);
     const std::string secrets = dir / "secrets";
-    // Credentials live 1 s; each answer waits 20 ms, 4 at a time: the run takes about 2 s.
-    sluice_test::aws_creds_server server(root.path().string(), {"--ttl", "1", "--ttfb-ms", "20", "--secrets", secrets});
+    // Credentials live 2 s (refreshed 0.5 s before); each answer waits 50 ms, 4 at a time:
+    // the run takes about 4 s.
+    sluice_test::aws_creds_server server(root.path().string(), {"--ttl", "2", "--ttfb-ms", "50", "--secrets", secrets});
     scoped_env env(bare_env(dir, {{"AWS_EC2_METADATA_DISABLED", std::nullopt},
                                   {"AWS_EC2_METADATA_SERVICE_ENDPOINT", server.endpoint()}}));
     sluice::pipeline_figures f;
@@ -309,16 +322,19 @@ TEST_CASE("credentials: instance metadata (IMDSv2): 300 objects across several e
     INFO("server: " << st << ", run " << s << " s");
     const auto issued = sluice_test::json_u64(st, "issued");
     REQUIRE(issued >= 2);  // the run outlived the first credentials
-    REQUIRE(issued >= static_cast<std::uint64_t>(s));  // about one set per second
+    REQUIRE(issued >= static_cast<std::uint64_t>(s / 2));  // a set per 1.5 s of run
     REQUIRE(counter(f, "fetch", "credential_refreshes") == issued - 1);
-    REQUIRE(counter(f, "fetch", "retries") <= 4);  // refreshed ahead: not refused and retried each time
+    // Refreshed ahead of expiry, not after S3 refused them (which the next case shows):
+    // most new credentials came without a refusal.
+    const auto refused = sluice_test::json_field(st, "ExpiredToken");
+    REQUIRE((refused ? std::stoull(*refused) : 0) * 2 < issued - 1);
     const auto shown = everything_shown(f);
     REQUIRE_THAT(shown, Catch::Contains("\"credentials\":\"instance metadata (IMDSv2 at " + server.endpoint() + ", role sluice-role)\""));
     REQUIRE_THAT(shown, Catch::Contains("    credentials: instance metadata (IMDSv2 at "));
     no_secret_in(shown, secrets);
 }
 
-TEST_CASE("credentials: S3's ExpiredToken reads the source again once and retries; nothing lost or repeated",
+TEST_CASE("credentials: S3's ExpiredToken reads the source again once and retries, nothing lost or repeated",
           "[credentials][imds]") {
     sluice_test::temp_dir root, dir;
     const auto want = make_objects(root, 200);
@@ -340,14 +356,14 @@ TEST_CASE("credentials: S3's ExpiredToken reads the source again once and retrie
     no_secret_in(everything_shown(f), secrets);
 }
 
-TEST_CASE("credentials: container credentials with a token file, refreshed; a wrong token is a clear 401", "[credentials][container]") {
+TEST_CASE("credentials: container credentials with a token file, refreshed, and a wrong token is a clear 401", "[credentials][container]") {
     sluice_test::temp_dir root, dir;
-    const auto want = make_objects(root, 120);
+    const auto want = make_objects(root, 160);
     const std::string secrets = dir / "secrets";
     const std::string token = "container-auth-token-0123456789";
     const auto token_file = dir.write("token", token + "\n");
     sluice_test::aws_creds_server server(root.path().string(),
-                                         {"--ttl", "1", "--ttfb-ms", "30", "--container-token", token, "--secrets", secrets});
+                                         {"--ttl", "1.5", "--ttfb-ms", "40", "--container-token", token, "--secrets", secrets});
     const std::string uri = server.url("container-credentials");
     scoped_env env(bare_env(dir, {{"AWS_CONTAINER_CREDENTIALS_FULL_URI", uri},
                                   {"AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", token_file}}));
@@ -369,15 +385,15 @@ TEST_CASE("credentials: container credentials with a token file, refreshed; a wr
     REQUIRE(msg.find(token) == std::string::npos);
 }
 
-TEST_CASE("credentials: web identity through STS, refreshed; a refused token names STS and its code, never the token",
+TEST_CASE("credentials: web identity through STS, refreshed, and a refused token names STS and its code, never the token",
           "[credentials][sts]") {
     sluice_test::temp_dir root, dir;
-    const auto want = make_objects(root, 120);
+    const auto want = make_objects(root, 160);
     const std::string secrets = dir / "secrets";
     const std::string jwt = "eyJhbGciOiJSUzI1NiJ9.web-identity-test-token.signature";
     const auto token_file = dir.write("token", jwt);
     sluice_test::aws_creds_server server(root.path().string(),
-                                         {"--ttl", "1", "--ttfb-ms", "30", "--web-token", jwt, "--secrets", secrets});
+                                         {"--ttl", "1.5", "--ttfb-ms", "40", "--web-token", jwt, "--secrets", secrets});
     scoped_env env(bare_env(dir, {{"AWS_WEB_IDENTITY_TOKEN_FILE", token_file},
                                   {"AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/trainer"},
                                   {"AWS_ENDPOINT_URL_STS", server.endpoint()}}));
@@ -401,7 +417,7 @@ TEST_CASE("credentials: web identity through STS, refreshed; a refused token nam
     REQUIRE_THAT(resolve_error({.endpoint = server.endpoint()}), Catch::Contains("the token file " + token_file + " is empty"));
 }
 
-TEST_CASE("credentials: instance metadata that refuses names itself and the status; one that never answers falls through fast",
+TEST_CASE("credentials: instance metadata that refuses names itself and the status, and one that never answers falls through fast",
           "[credentials][imds]") {
     sluice_test::temp_dir root, dir;
     sluice_test::aws_creds_server server(root.path().string(), {"--refuse-role"});
@@ -415,7 +431,9 @@ TEST_CASE("credentials: instance metadata that refuses names itself and the stat
     // same way): two tries of 0.3 s, then "no credentials" naming the timeout.
     silent_listener quiet;
     const std::string silent = quiet.url();
-    scoped_env env(bare_env(dir, {{"AWS_EC2_METADATA_DISABLED", std::nullopt}, {"AWS_EC2_METADATA_SERVICE_ENDPOINT", silent}}));
+    scoped_env env(bare_env(dir, {{"AWS_EC2_METADATA_DISABLED", std::nullopt},
+                                  {"AWS_EC2_METADATA_SERVICE_ENDPOINT", silent},
+                                  {"AWS_METADATA_SERVICE_TIMEOUT", std::nullopt}}));  // the defaults
     const auto t0 = std::chrono::steady_clock::now();
     const auto msg = resolve_error();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -491,18 +509,22 @@ TEST_CASE("credentials: a stop ends a wait on a credential source that does not 
     scoped_env env(bare_env(dir, {{"AWS_CONTAINER_CREDENTIALS_FULL_URI", quiet.url("/creds")}}));
     sluice::pipeline p(sluice::list("s3://bkt/a.bin") | sluice::plan() |
                        sluice::fetch({.s3 = {.endpoint = "http://127.0.0.1:9"}}) | sluice::raw());
+    std::string error;
     std::thread consumer([&] {
         try {
             while (p.next_blocking()) {
             }
-        } catch (const std::exception&) {  // an error after the stop is the stage's business
+        } catch (const std::exception& e) {
+            error = e.what();
         }
     });
-    std::this_thread::sleep_for(300ms);
+    std::this_thread::sleep_for(500ms);
+    REQUIRE(quiet.has_caller());  // the chain is waiting on it now
     const auto t0 = std::chrono::steady_clock::now();
     p.stop();
     consumer.join();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    INFO("stop took " << s << " s");
-    REQUIRE(s < 2.5);  // curl asks about the stop once a second; 4 s without it
+    INFO("stop took " << s << " s; error: " << error);
+    REQUIRE(error.empty());  // a stop, not a failure of the source
+    REQUIRE(s < 3.0);  // curl asks about the stop about once a second; 3.5 s more without it
 }

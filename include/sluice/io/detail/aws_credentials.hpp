@@ -25,7 +25,14 @@
 #include <curl/curl.h>
 #include <pugixml.hpp>
 
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
 #include <sys/wait.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
 
 #include <cerrno>
 #include <chrono>
@@ -144,6 +151,7 @@ inline s3_reply call_with_retry(const blocking_request& q, unsigned attempts) { 
     for (unsigned a = 0;; ++a) {
         r = s3_reply{};
         blocking_call(q, r);
+        if (q.stop.stop_requested()) throw stopped{};  // not the source's failure
         const bool ok = r.result == CURLE_OK && r.status < 500 && r.status != 429;
         if (ok || a + 1 >= attempts) return r;
         if (r.result != CURLE_OK ? !retryable_curl(r.result) && r.result != CURLE_OPERATION_TIMEDOUT
@@ -173,13 +181,13 @@ struct sts_endpoint {
     std::string url, region, ca_file;
 };
 
-inline sts_endpoint sts_endpoint_for(const ini_section& conf, const std::string& region) {
+inline sts_endpoint sts_endpoint_for(const ini_section& conf, const std::string& region, const std::string& ca_bundle = {}) {
     sts_endpoint e;
     e.region = region.empty() ? "us-east-1" : region;
     e.url = env_or("AWS_ENDPOINT_URL_STS", env_or("AWS_ENDPOINT_URL", conf.get("endpoint_url")));
     if (e.url.empty()) e.url = "https://sts." + e.region + ".amazonaws.com";
     while (e.url.ends_with('/')) e.url.pop_back();
-    e.ca_file = env_or("AWS_CA_BUNDLE", conf.get("ca_bundle"));
+    e.ca_file = !ca_bundle.empty() ? ca_bundle : env_or("AWS_CA_BUNDLE", conf.get("ca_bundle"));
     return e;
 }
 
@@ -236,18 +244,61 @@ inline s3_credentials assume_role(const sts_endpoint& ep, const role_request& ro
 
 // ---- credential_process ---------------------------------------------------------------
 
-/// Runs a profile's credential_process (through /bin/sh, as the CLI does) and reads the
-/// JSON it prints (Version 1). Its standard error goes where ours goes. The command is not
-/// named in errors: it may carry a secret of its own.
-inline s3_credentials run_credential_process(const std::string& command, const std::string& source) {
-    FILE* p = ::popen(command.c_str(), "r");
-    if (!p) throw credentials_unavailable(source + ": cannot start it (" + std::strerror(errno) + ")");
+/// Runs a profile's credential_process and reads the JSON it prints (Version 1). It runs
+/// as `/bin/sh -c LINE` in a process group of its own. botocore splits the line itself and
+/// runs no shell; plain commands read the same both ways, and a shell also allows pipes
+/// and variables. Its stdin is /dev/null and its stderr is ours. A stop, or no answer in
+/// 60 s, kills its group. The command line is not named in errors: it may carry a secret
+/// of its own.
+inline s3_credentials run_credential_process(const std::string& command, const std::string& source, std::stop_token stop) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) throw credentials_unavailable(source + ": cannot start it (" + std::strerror(errno) + ")");
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t attr;
+    ::posix_spawn_file_actions_init(&fa);
+    ::posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    ::posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+    ::posix_spawnattr_init(&attr);
+    ::posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+    ::posix_spawnattr_setpgroup(&attr, 0);
+    const char* argv[] = {"/bin/sh", "-c", command.c_str(), nullptr};
+    pid_t pid = 0;
+    const int rc = ::posix_spawn(&pid, "/bin/sh", &fa, &attr, const_cast<char* const*>(argv), environ);
+    ::posix_spawn_file_actions_destroy(&fa);
+    ::posix_spawnattr_destroy(&attr);
+    ::close(fds[1]);
+    if (rc != 0) {
+        ::close(fds[0]);
+        throw credentials_unavailable(source + ": cannot start it (" + std::strerror(rc) + ")");
+    }
     std::string out;
-    char buf[4096];
-    for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;)
-        if (out.size() < (1u << 20)) out.append(buf, n);
-    const int st = ::pclose(p);
-    if (st == -1) throw credentials_unavailable(source + ": cannot wait for it (" + std::strerror(errno) + ")");
+    bool stopped_it = false, timed_out = false;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    for (;;) {
+        pollfd p{fds[0], POLLIN, 0};
+        const int n = ::poll(&p, 1, 100);  // a stop is seen within 0.1 s
+        if (stop.stop_requested()) {
+            stopped_it = true;
+            break;
+        }
+        if (std::chrono::steady_clock::now() >= deadline) {
+            timed_out = true;
+            break;
+        }
+        if (n <= 0) continue;  // EINTR or nothing yet
+        char buf[4096];
+        const ssize_t got = ::read(fds[0], buf, sizeof buf);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) break;  // its end: EOF
+        if (out.size() < (1u << 20)) out.append(buf, static_cast<std::size_t>(got));
+    }
+    ::close(fds[0]);
+    if (stopped_it || timed_out) ::kill(-pid, SIGKILL);
+    int st = 0;
+    while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+    }
+    if (stopped_it) throw stopped{};
+    if (timed_out) throw credentials_unavailable(source + " gave no answer in 60 s (killed)");
     if (!WIFEXITED(st)) throw credentials_unavailable(source + " ended by signal " + std::to_string(WTERMSIG(st)));
     if (WEXITSTATUS(st) != 0) throw credentials_unavailable(source + " exited with status " + std::to_string(WEXITSTATUS(st)));
     try {
@@ -263,7 +314,8 @@ inline s3_credentials run_credential_process(const std::string& command, const s
 // ---- container credentials ------------------------------------------------------------
 
 struct container_endpoint {
-    std::string url;  // with its path; the name shown is redacted (no query)
+    std::string url;    // with its path
+    std::string shown;  // what names it: redacted, and without ECS's per-task path
     std::string token, token_file;
 };
 
@@ -287,16 +339,26 @@ inline std::optional<container_endpoint> container_from_env() {
     container_endpoint c;
     if (auto rel = env_or("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI"); !rel.empty()) {
         c.url = "http://169.254.170.2" + (rel.starts_with('/') ? rel : "/" + rel);
+        c.shown = "http://169.254.170.2, AWS_CONTAINER_CREDENTIALS_RELATIVE_URI";
     } else if (auto full = env_or("AWS_CONTAINER_CREDENTIALS_FULL_URI"); !full.empty()) {
         const std::string scheme = lower(full.substr(0, full.find("://")));
         const std::string host = lower(url_host(full));
-        const bool local = host == "localhost" || host.starts_with("127.") || host == "::1" || host == "169.254.170.2" ||
-                           host == "169.254.170.23" || host == "fd00:ec2::23";
+        in_addr v4{};
+        in6_addr v6{};
+        const bool is_v4 = ::inet_pton(AF_INET, host.c_str(), &v4) == 1;
+        const bool is_v6 = !is_v4 && ::inet_pton(AF_INET6, host.c_str(), &v6) == 1;
+        in6_addr eks{};
+        ::inet_pton(AF_INET6, "fd00:ec2::23", &eks);
+        // Addresses, parsed: a name like 127.example.com is not loopback.
+        const bool local = host == "localhost" || (is_v4 && (ntohl(v4.s_addr) >> 24) == 127) ||
+                           (is_v4 && (host == "169.254.170.2" || host == "169.254.170.23")) ||
+                           (is_v6 && (IN6_IS_ADDR_LOOPBACK(&v6) || std::memcmp(&v6, &eks, sizeof v6) == 0));
         if (full.find("://") == std::string::npos || (scheme != "https" && !(scheme == "http" && local)))
             throw credentials_unavailable(
                 "container credentials: AWS_CONTAINER_CREDENTIALS_FULL_URI must be https, or http to loopback or "
                 "169.254.170.2/169.254.170.23/fd00:ec2::23, not " + source_error::redact(full) + ",");
         c.url = full;
+        c.shown = source_error::redact(full);
     } else {
         return std::nullopt;
     }
@@ -306,9 +368,9 @@ inline std::optional<container_endpoint> container_from_env() {
 }
 
 inline s3_credentials container_credentials(const container_endpoint& c, const std::string& source, std::stop_token stop) {
-    std::string token = !c.token_file.empty() ? read_token_file(c.token_file, source) : c.token;
-    if (token.find_first_of("\r\n") != std::string::npos)
-        throw credentials_unavailable(source + ": the authorization token holds a line break");
+    const std::string token = !c.token_file.empty() ? read_token_file(c.token_file, source) : c.token;
+    if (c.token_file.empty() && token.find_first_of("\r\n") != std::string::npos)  // the file's is checked as read
+        throw credentials_unavailable(source + ": AWS_CONTAINER_AUTHORIZATION_TOKEN holds a line break");
     blocking_request q{.url = c.url, .timeout_ms = 2000, .connect_timeout_ms = 1000, .no_proxy = true, .stop = std::move(stop)};
     if (!token.empty()) q.headers.push_back("Authorization: " + token);
     const s3_reply r = call_with_retry(q, 2);
@@ -337,9 +399,11 @@ public:
         while (endpoint_.ends_with('/')) endpoint_.pop_back();
         if (auto t = env_or("AWS_METADATA_SERVICE_TIMEOUT"); !t.empty()) {
             try {
-                token_ms_ = answer_ms_ = std::max(1L, static_cast<long>(std::stod(t) * 1000));
+                const double seconds = std::stod(t);
+                if (!(seconds > 0 && seconds < 3600)) throw std::invalid_argument("out of range");
+                token_ms_ = answer_ms_ = std::max(1L, static_cast<long>(seconds * 1000));
             } catch (const std::exception&) {
-                throw credentials_unavailable("instance metadata: AWS_METADATA_SERVICE_TIMEOUT is not a number of seconds,");
+                throw credentials_unavailable("instance metadata: AWS_METADATA_SERVICE_TIMEOUT is not a number of seconds below 3600,");
             }
         }
         if (auto n = env_or("AWS_METADATA_SERVICE_NUM_ATTEMPTS"); !n.empty())
@@ -502,18 +566,17 @@ inline std::optional<credential_source> environment_keys() {
                              }};
 }
 
-inline credential_source web_identity_source(const sts_endpoint& sts, role_request role, const std::string& token_file,
+inline credential_source web_identity_source(const sts_endpoint& sts, const role_request& role, const std::string& token_file,
                                              const std::string& where) {
     std::string name = "web identity (" + where + ": role " + role.role_arn + ", token file " + token_file + ", STS at " +
                        source_error::redact(sts.url) + ")";
-    if (role.session_name.empty()) role.session_name = default_session_name();
     return {name, [sts, role, token_file, name](std::stop_token stop) {
                 return assume_role_with_web_identity(sts, role, token_file, name, std::move(stop));
             }};
 }
 
 inline credential_source container_source(const container_endpoint& c) {
-    std::string name = "container credentials (" + source_error::redact(c.url) + ")";
+    std::string name = "container credentials (" + c.shown + ")";
     return {name, [c, name](std::stop_token stop) { return container_credentials(c, name, std::move(stop)); }};
 }
 
@@ -545,7 +608,7 @@ inline std::optional<credential_source> profile_source(const profile_view& p, co
         if (!p.get("mfa_serial").empty())
             throw credentials_unavailable(where + " assumes its role with an MFA code (mfa_serial), which a data loader "
                                                   "cannot ask for; export temporary keys to the environment instead,");
-        const sts_endpoint sts = sts_endpoint_for(p.conf, p.get("region").empty() ? in.region : p.get("region"));
+        const sts_endpoint sts = sts_endpoint_for(p.conf, p.get("region").empty() ? in.region : p.get("region"), in.o.ca_bundle);
         role_request role{role_arn, p.get("role_session_name"), p.get("external_id"), p.get("duration_seconds")};
         if (const auto wif = p.get("web_identity_token_file"); !wif.empty())
             return web_identity_source(sts, role, wif, where);
@@ -581,7 +644,6 @@ inline std::optional<credential_source> profile_source(const profile_view& p, co
         }
         std::string name = where + ": role " + role_arn + " assumed through STS at " + source_error::redact(sts.url) +
                            " with " + base->name;
-        if (role.session_name.empty()) role.session_name = default_session_name();
         return credential_source{name, [sts, role, base = std::move(*base), name](std::stop_token stop) {
                                      return assume_role(sts, role, base.fetch(stop), name, stop);
                                  }};
@@ -589,7 +651,7 @@ inline std::optional<credential_source> profile_source(const profile_view& p, co
     if (auto s = static_keys(in.cred_file, p.name, false)) return s;
     if (const auto cmd = p.get("credential_process"); !cmd.empty()) {
         std::string name = "credential_process of " + where;
-        return credential_source{name, [cmd, name](std::stop_token) { return run_credential_process(cmd, name); }};
+        return credential_source{name, [cmd, name](std::stop_token stop) { return run_credential_process(cmd, name, std::move(stop)); }};
     }
     return static_keys(in.config_file, p.name, true);
 }
@@ -601,14 +663,16 @@ inline std::shared_ptr<credential_provider> resolve_credentials(const credential
             return std::make_shared<credential_provider>(env->name, env->fetch({}));
         looked += "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY in the environment, ";
     }
-    if (const auto token_file = env_or("AWS_WEB_IDENTITY_TOKEN_FILE"); !token_file.empty()) {
+    // The environment's web identity, unless a profile is named in the options: the user
+    // chose that profile, its own role or keys (or the steps after it) then serve.
+    if (const auto token_file = env_or("AWS_WEB_IDENTITY_TOKEN_FILE"); !token_file.empty() && in.o.profile.empty()) {
         const std::string role = env_or("AWS_ROLE_ARN");
         if (role.empty()) throw credentials_unavailable("AWS_WEB_IDENTITY_TOKEN_FILE is set but AWS_ROLE_ARN is not,");
-        return provide(web_identity_source(sts_endpoint_for(in.conf, in.region), {role, env_or("AWS_ROLE_SESSION_NAME"), {}, {}},
+        return provide(web_identity_source(sts_endpoint_for(in.conf, in.region, in.o.ca_bundle), {role, env_or("AWS_ROLE_SESSION_NAME"), {}, {}},
                                            token_file, "AWS_WEB_IDENTITY_TOKEN_FILE"),
                        in.stop);
     }
-    looked += "AWS_WEB_IDENTITY_TOKEN_FILE (not set), ";
+    looked += in.o.profile.empty() ? "AWS_WEB_IDENTITY_TOKEN_FILE (not set), " : "";
     if (auto s = profile_source({in.profile, in.creds, in.conf}, in, {})) return provide(std::move(*s), in.stop);
     auto place = [](const std::string& file, const ini_section& s, const std::string& section) {
         return file + " [" + section + "]" + (!s.file ? " (no such file)" : !s.found ? " (no such section)" : "");
@@ -625,6 +689,12 @@ inline std::shared_ptr<credential_provider> resolve_credentials(const credential
         looked += "instance metadata (" + why + ")";
     }
     throw credentials_unavailable("no AWS credentials (looked in " + looked + "; for a public bucket use anonymous access)");
+}
+
+/// A credential source's failure as the error of the stage that needed it: `url` named,
+/// permission_denied as its code.
+[[noreturn]] inline void throw_for(const std::string& url, const credentials_unavailable& e) {
+    throw source_error(url, std::string(e.what()) + " for", std::make_error_code(std::errc::permission_denied));
 }
 
 /// Resolves endpoint, region and credentials (see s3_options). `url` names the object in
@@ -671,7 +741,7 @@ inline s3_config resolve_s3(const s3_options& o, const std::string& url, std::st
     try {
         c.credentials = resolve_credentials({o, profile, cred_file, config_file, creds, conf, c.region, std::move(stop)});
     } catch (const credentials_unavailable& e) {
-        throw source_error(url, std::string(e.what()) + " for", std::make_error_code(std::errc::permission_denied));
+        throw_for(url, e);
     }
     return c;
 }
@@ -684,7 +754,7 @@ inline void refresh_credentials(const s3_config& c, const std::string& url, std:
     try {
         c.credentials->refresh_if_due(std::move(stop));
     } catch (const credentials_unavailable& e) {
-        throw source_error(url, std::string(e.what()) + " for", std::make_error_code(std::errc::permission_denied));
+        throw_for(url, e);
     }
 }
 
@@ -696,7 +766,7 @@ inline bool reread_credentials(const s3_config& c, const s3_auth& refused, const
         return c.credentials->reread_after_refusal({refused.access_key, refused.secret_key, refused.session_token},
                                                    std::move(stop));
     } catch (const credentials_unavailable& e) {
-        throw source_error(url, std::string(e.what()) + " for", std::make_error_code(std::errc::permission_denied));
+        throw_for(url, e);
     }
 }
 

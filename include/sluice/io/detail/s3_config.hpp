@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -124,16 +125,19 @@ public:
     bool due(wall_clock::time_point now = wall_clock::now()) const noexcept {
         return now.time_since_epoch().count() >= refresh_at_.load(std::memory_order_relaxed);
     }
-    /// Refreshes when due; see the class comment.
-    void refresh_if_due(std::stop_token stop = {}) {
-        auto now = wall_clock::now();
+    /// Refreshes when due; see the class comment. `now`: tests give their own clock.
+    void refresh_if_due(std::stop_token stop = {}, wall_clock::time_point now = wall_clock::now()) {
         if (!again_ || !due(now)) return;
+        const auto failures_before = expired_failures_.load(std::memory_order_acquire);
         std::unique_lock busy(refresh_m_, std::try_to_lock);
         if (!busy.owns_lock()) {
             if (!expired(now)) return;  // another thread refreshes; the held ones still serve
             busy.lock();
+            // That thread's refresh failed after expiry: its error, not another call to the
+            // source (each may take seconds) by every thread that waited.
+            if (expired_failures_.load(std::memory_order_acquire) != failures_before && last_failure_)
+                std::rethrow_exception(last_failure_);
         }
-        now = wall_clock::now();
         if (!due(now)) return;  // refreshed while this thread waited
         std::optional<wall_clock::time_point> before;
         {
@@ -141,10 +145,15 @@ public:
             before = creds_.expires;
         }
         try {
-            replace(again_(stop), before);
+            replace(again_(stop), before, now);
         } catch (const credentials_unavailable&) {
-            if (expired(wall_clock::now())) throw;
             failures_.fetch_add(1, std::memory_order_relaxed);
+            if (expired(now)) {
+                last_failure_ = std::current_exception();
+                expired_failures_.fetch_add(1, std::memory_order_release);
+                retry_in(now, std::chrono::seconds(1));  // the next object asks again, not each part
+                throw;
+            }
             const auto left = *before - now;  // not expired: `before` is set
             retry_in(now, std::clamp<wall_clock::duration>(left / 4, std::chrono::milliseconds(200), std::chrono::seconds(30)));
         }
@@ -159,7 +168,7 @@ public:
             std::lock_guard lock(m_);
             if (!same(creds_, refused)) return true;
         }
-        replace(again_(stop), std::nullopt);
+        replace(again_(stop), std::nullopt, wall_clock::now());
         std::lock_guard lock(m_);
         return !same(creds_, refused);
     }
@@ -174,8 +183,7 @@ private:
         std::lock_guard lock(m_);
         return creds_.expires && now >= *creds_.expires;
     }
-    void replace(s3_credentials fresh, std::optional<wall_clock::time_point> before) {
-        const auto now = wall_clock::now();
+    void replace(s3_credentials fresh, std::optional<wall_clock::time_point> before, wall_clock::time_point now) {
         {
             std::lock_guard lock(m_);
             creds_ = std::move(fresh);
@@ -214,6 +222,8 @@ private:
     s3_credentials creds_;
     std::atomic<std::int64_t> refresh_at_{INT64_MAX};  // wall_clock ticks since the epoch
     std::atomic<std::uint64_t> refreshes_{0}, failures_{0};
+    std::atomic<std::uint64_t> expired_failures_{0};  // refreshes that failed after expiry
+    std::exception_ptr last_failure_;                  // the last of them (under refresh_m_)
 };
 
 /// Everything resolved: what one request needs.

@@ -85,7 +85,10 @@ inline std::vector<std::string> s3_list(const s3_options& opts, const std::strin
             const bool ok = r.result == CURLE_OK && r.status == 200;
             if (!ok && !reread && r.result == CURLE_OK && refused_credentials(s3_error_code(r.body))) {
                 reread = true;
-                if (reread_credentials(c, auth, url, stop)) continue;  // not an attempt: the request was never served
+                if (reread_credentials(c, auth, url, stop)) {
+                    --attempt;  // not one of the attempts (unsigned: the loop's ++ brings it back)
+                    continue;
+                }
             }
             const bool transient = r.result != CURLE_OK ? retryable_curl(r.result) : retryable_status(r.status);
             if (ok) break;

@@ -131,7 +131,7 @@ struct fetch_state {
     void start(http_part& p, const std::pair<std::string, s3_auth>& where, const std::string& etag) {
         http_request req;
         req.url = where.first;
-        req.auth = where.second;
+        req.auth = s3 && where.second.sign ? auth_of(*s3) : where.second;  // the credentials now
         req.from = p.from;
         req.to = p.to;
         req.if_match = etag;
@@ -157,8 +157,28 @@ struct fetch_run {
 
 inline void note_refreshes(const s3_config& c, stage_stats& stats) {
     if (!c.credentials || !c.credentials->refreshable()) return;
-    stats.counter("credential_refreshes").store(c.credentials->refreshes(), std::memory_order_relaxed);
-    stats.counter("credential_refresh_failures").store(c.credentials->refresh_failures(), std::memory_order_relaxed);
+    auto raise = [](std::atomic<std::uint64_t>& to, std::uint64_t v) {  // workers race: never back
+        for (auto cur = to.load(std::memory_order_relaxed); cur < v && !to.compare_exchange_weak(cur, v);) {
+        }
+    };
+    raise(stats.counter("credential_refreshes"), c.credentials->refreshes());
+    raise(stats.counter("credential_refresh_failures"), c.credentials->refresh_failures());
+}
+
+/// Runs `f` (it blocks: a credential source) on the CPU pool, not on the I/O loop every
+/// transfer shares; back on the I/O loop, a stop wins over what `f` threw.
+template <class F>
+task<void> on_cpu_pool(stage_context<shard, chunk>& ctx, F f) {
+    std::exception_ptr err;
+    co_await sluice::switch_to{ctx.rt.executor_for(pool::cpu)};
+    try {
+        f();
+    } catch (...) {
+        err = std::current_exception();
+    }
+    co_await sluice::switch_to{ctx.rt.executor_for(pool::io)};
+    if (ctx.stopping()) throw stopped{};  // a stop that cut a credential request short
+    if (err) std::rethrow_exception(err);
 }
 
 /// The stage's S3 settings and credentials, resolved by the first worker that needs them,
@@ -301,21 +321,11 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                 if (got) lim->release(seq, false, false);
                 throw stopped{};
             };
-            if (fs.s3_target(src->url) && (!fs.s3 || (fs.s3->credentials && fs.s3->credentials->due()))) {
-                // Resolving and refreshing credentials may wait on STS, a container endpoint
-                // or instance metadata: on the CPU pool, not the I/O loop every transfer
-                // shares. The error, if any, is thrown back on the I/O loop.
-                std::exception_ptr err;
-                co_await sluice::switch_to{ctx.rt.executor_for(pool::cpu)};
-                try {
-                    fs.s3 = s3_for(run, o, src->url, ctx.stats, ctx.stop);
-                } catch (...) {
-                    err = std::current_exception();
-                }
-                co_await sluice::switch_to{ctx.rt.executor_for(pool::io)};
-                stop_point();  // a stop that cut a credential request short is not its failure
-                if (err) std::rethrow_exception(err);
-            }
+            // Resolving and refreshing credentials may wait on STS, a container endpoint or
+            // instance metadata: on the CPU pool. Also while a large object downloads.
+            auto refresh_due = [&] { return fs.s3 && fs.s3->credentials && fs.s3->credentials->due(); };
+            auto refresh = [&] { return on_cpu_pool(ctx, [&] { fs.s3 = s3_for(run, o, src->url, ctx.stats, ctx.stop); }); };
+            if (fs.s3_target(src->url) && (!fs.s3 || refresh_due())) co_await refresh();
             std::uint64_t first_seq = 0;
             stop_point();
             const bool first_permit = co_await wait_permit(&first_seq);
@@ -323,7 +333,7 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
             // The first request asks for one part: its answer gives the object's size, and
             // the other parts then download in parallel, `parts_in_flight` at a time.
             parts.push_back(http_part{0, o.parallel_parts ? part_size - 1 : http_request::npos, {}, first_permit, first_seq});
-            auto where = fs.locate(src->url);
+            const auto where = fs.locate(src->url);
             fs.start(parts.front(), where, "");
             std::uint64_t seq = 0;
             auto more_parts = [&] { return total != http_request::npos && next_from < total; };
@@ -351,6 +361,7 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                 p.to = http_request::npos;
             };
             unsigned attempt = 0;
+            bool reread_now = false;  // the part is retried with credentials read again
             bool first_response = true;
             while (!parts.empty() || more_parts()) {
                 if (parts.empty()) {  // no permit was free for the next part: wait for one
@@ -399,6 +410,7 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                     }
                     co_await ctx.out.send(std::move(c));
                     eng->resume(p.t);
+                    if (refresh_due()) co_await refresh();  // before the parts after sign with them
                     refill();  // permits freed since: start more parts
                 }
                 stop_point();  // a stop cancels transfers: their ending is not a failure to retry
@@ -445,24 +457,13 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                         // read their source again, once per part, off the I/O loop; with new
                         // ones the part is retried, and the parts after it sign with them.
                         p.reread = true;
-                        std::exception_ptr err;
-                        bool fresh = false;
-                        co_await sluice::switch_to{ctx.rt.executor_for(pool::cpu)};
-                        try {
-                            fresh = reread_credentials(*fs.s3, t.req.auth, src->url, ctx.stop);
+                        co_await on_cpu_pool(ctx, [&] {
+                            reread_now = reread_credentials(*fs.s3, t.req.auth, src->url, ctx.stop);
                             note_refreshes(*fs.s3, ctx.stats);
-                        } catch (...) {
-                            err = std::current_exception();
-                        }
-                        co_await sluice::switch_to{ctx.rt.executor_for(pool::io)};
-                        stop_point();
-                        if (err) std::rethrow_exception(err);
-                        if (fresh) {
-                            where.second = auth_of(*fs.s3);
-                            transient = true;
-                        }
+                        });
+                        transient = reread_now;
                     }
-                    if (!transient || attempt >= retry.retries) {
+                    if (!transient || (attempt >= retry.retries && !reread_now)) {
                         std::string what = http_failure(t);
                         if (transient) what += " after " + std::to_string(attempt + 1) + " attempts";
                         // code(): the curl or HTTP category, for callers that branch on the kind
@@ -474,10 +475,14 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                 }
                 if (offset > p.from) resumes.fetch_add(1, std::memory_order_relaxed);
                 retries.fetch_add(1, std::memory_order_relaxed);
-                const auto wait = retry.delay(attempt++, jitter);
-                stop_point();
-                sleep_for pause{wait, hooks.get(), {}};
-                co_await pause;
+                if (reread_now) {  // new credentials: at once, and not one of the attempts
+                    reread_now = false;
+                } else {
+                    const auto wait = retry.delay(attempt++, jitter);
+                    stop_point();
+                    sleep_for pause{wait, hooks.get(), {}};
+                    co_await pause;
+                }
                 stop_point();
                 // The retry takes a permit too: under 503s the requests in flight shrink. A
                 // worker whose other parts hold permits goes ahead (see aimd_limit).
