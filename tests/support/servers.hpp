@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -137,6 +138,20 @@ public:
     fault_server(const std::string& root, std::vector<std::string> flags)
         : script_server(SLUICE_FAULT_SERVER, root, std::move(flags)) {}
 };
+
+/// No line of `secrets_file` (aws_creds_server's --secrets: every secret key and token it
+/// issued or was given) in `text`; and the file has some (else the check proves nothing).
+inline void no_secret_in(const std::string& text, const std::string& secrets_file) {
+    std::istringstream in(slurp_file(secrets_file));
+    int n = 0;
+    for (std::string line; std::getline(in, line);) {
+        if (line.empty()) continue;
+        ++n;
+        INFO("a secret or token appears in: " << text);
+        REQUIRE(text.find(line) == std::string::npos);
+    }
+    REQUIRE(n > 0);
+}
 
 /// The server of expiring AWS credentials (tests/support/aws_creds_server.py): IMDSv2,
 /// container credentials and STS's web identity hand them out; S3 objects under `root`

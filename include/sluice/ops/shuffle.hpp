@@ -111,13 +111,16 @@ task<void> shuffle_worker(stage_context<T, T>& ctx, shuffle_state& state) {
     // the drain always ends before the next epoch sends its first item.
     std::vector<T> draining;
     std::size_t drained = 0;
-    auto finish_drain = [&]() -> task<void> {
+    auto send_drained = [&]() -> task<void> {
         for (; drained < draining.size(); ++drained) co_await ctx.out.send(std::move(draining[drained]));
         draining.clear();
         drained = 0;
     };
+    // Awaited only with something to send (`!draining.empty()`): a task that ends at once
+    // still returns through its awaiter's frame, and without the tail call (sanitizer
+    // builds) one per item overflowed the stack after some 16,000 items.
     auto drain = [&]() -> task<void> {
-        co_await finish_drain();
+        if (!draining.empty()) co_await send_drained();
         shuffle(held, r);
         for (auto& v : held) co_await ctx.out.send(std::move(v));
         held.clear();
@@ -160,7 +163,7 @@ task<void> shuffle_worker(stage_context<T, T>& ctx, shuffle_state& state) {
             failed = std::current_exception();
         }
         if (failed) {  // the epoch drained before the error was read still goes out first
-            if (!is_stop(failed)) co_await finish_drain();
+            if (!is_stop(failed) && !draining.empty()) co_await send_drained();
             std::rethrow_exception(failed);
         }
         if (!item) break;
@@ -170,7 +173,7 @@ task<void> shuffle_worker(stage_context<T, T>& ctx, shuffle_state& state) {
         if (epoch && e < *epoch) {
             // A late record of an epoch already drained (only with an unordered stage
             // above): on downstream, where batch still counts it in its own epoch.
-            co_await finish_drain();
+            if (!draining.empty()) co_await send_drained();
             co_await ctx.out.send(std::move(*item));
             continue;
         }
@@ -178,7 +181,7 @@ task<void> shuffle_worker(stage_context<T, T>& ctx, shuffle_state& state) {
             if (epoch && o.max_bytes) {
                 co_await drain();  // a byte limit counts what is held: no overlap to exceed it
             } else if (epoch) {  // the epoch ends: its drain goes out as the next one comes in
-                co_await finish_drain();
+                if (!draining.empty()) co_await send_drained();
                 shuffle(held, r);
                 draining.swap(held);
                 held.clear();
@@ -195,10 +198,10 @@ task<void> shuffle_worker(stage_context<T, T>& ctx, shuffle_state& state) {
         held.push_back(std::move(*item));
         if (drained < draining.size()) {
             co_await ctx.out.send(std::move(draining[drained++]));
-            if (drained == draining.size()) co_await finish_drain();
+            if (drained == draining.size()) co_await send_drained();  // once per epoch: clears it
         }
         while (held.size() > o.buffer || (o.max_bytes && held_bytes > o.max_bytes)) {
-            co_await finish_drain();
+            if (!draining.empty()) co_await send_drained();
             std::swap(held[r.below(held.size())], held.back());
             T v = std::move(held.back());
             held.pop_back();
