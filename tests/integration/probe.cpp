@@ -256,10 +256,7 @@ TEST_CASE("sluice-probe says which credentials it used (instance metadata here),
 
 // Skipped (reported so by ctest, which matches "[test skipped]") without moto_server.
 TEST_CASE("sluice-probe reads s3:// shards signed from moto, a wrong secret never shows", "[probe][s3]") {
-    if (auto why = sluice_test::s3_server::unavailable("moto"); !why.empty()) {
-        WARN("[test skipped] " << why);
-        return;
-    }
+    SLUICE_SKIP_WITHOUT("moto");
     s3_dataset s;
     const auto& d = s.d;
     const std::string shards = s.shards;

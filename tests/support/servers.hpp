@@ -163,6 +163,39 @@ public:
     std::string endpoint() const { return "http://127.0.0.1:" + std::to_string(port()); }
 };
 
+/// A loopback port that takes connections (the kernel's backlog) and never answers: a
+/// black-holed endpoint that curl reaches.
+class silent_listener {
+public:
+    silent_listener() {
+        fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+        REQUIRE(fd_ >= 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+        REQUIRE(::listen(fd_, 64) == 0);
+        socklen_t len = sizeof a;
+        REQUIRE(::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+        port_ = ntohs(a.sin_port);
+    }
+    ~silent_listener() { ::close(fd_); }
+    silent_listener(const silent_listener&) = delete;
+    silent_listener& operator=(const silent_listener&) = delete;
+    /// Whether a connection waits in the backlog (taken and closed here).
+    bool has_caller() {
+        const int c = ::accept4(fd_, nullptr, nullptr, SOCK_NONBLOCK);
+        if (c < 0) return false;
+        ::close(c);
+        return true;
+    }
+    std::string url(const std::string& path = "") const { return "http://127.0.0.1:" + std::to_string(port_) + path; }
+
+private:
+    int fd_ = -1;
+    int port_ = 0;
+};
+
 /// An executable on PATH (or a path that is executable).
 inline bool have_program(const std::string& name) {
     if (name.find('/') != std::string::npos) return ::access(name.c_str(), X_OK) == 0;
@@ -232,3 +265,11 @@ private:
 
 
 }  // namespace sluice_test
+
+/// Ends a test case, reported skipped, when the S3 emulator `kind` cannot run here.
+#define SLUICE_SKIP_WITHOUT(kind)                                                          \
+    if (auto why = sluice_test::s3_server::unavailable(kind); !why.empty()) {              \
+        WARN("[test skipped] " << why);                                                    \
+        return;                                                                            \
+    }
+

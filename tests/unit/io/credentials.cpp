@@ -117,35 +117,6 @@ using sluice_test::no_secret_in;
 
 std::string everything_shown(const sluice::pipeline_figures& f) { return f.json() + "\n" + f.table(); }
 
-/// A loopback port that takes connections (the kernel's backlog) and never answers.
-class silent_listener {
-public:
-    silent_listener() {
-        fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-        REQUIRE(fd_ >= 0);
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-        REQUIRE(::listen(fd_, 16) == 0);
-        socklen_t len = sizeof a;
-        REQUIRE(::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-        port_ = ntohs(a.sin_port);
-    }
-    ~silent_listener() { ::close(fd_); }
-    /// Whether a connection waits in the backlog (taken and closed here).
-    bool has_caller() {
-        const int c = ::accept4(fd_, nullptr, nullptr, SOCK_NONBLOCK);
-        if (c < 0) return false;
-        ::close(c);
-        return true;
-    }
-    std::string url(const std::string& path = "") const { return "http://127.0.0.1:" + std::to_string(port_) + path; }
-
-private:
-    int fd_ = -1;
-    int port_ = 0;
-};
 
 }  // namespace
 
@@ -429,7 +400,7 @@ TEST_CASE("credentials: instance metadata that refuses names itself and the stat
     }
     // A host that takes the connection and never answers (a black hole would time out the
     // same way): two tries of 0.3 s, then "no credentials" naming the timeout.
-    silent_listener quiet;
+    sluice_test::silent_listener quiet;
     const std::string silent = quiet.url();
     scoped_env env(bare_env(dir, {{"AWS_EC2_METADATA_DISABLED", std::nullopt},
                                   {"AWS_EC2_METADATA_SERVICE_ENDPOINT", silent},
@@ -446,10 +417,7 @@ TEST_CASE("credentials: instance metadata that refuses names itself and the stat
 
 TEST_CASE("credentials: moto's STS: a profile's role assumed with a signed AssumeRole reads signature-checked S3",
           "[credentials][moto]") {
-    if (auto why = sluice_test::s3_server::unavailable("moto"); !why.empty()) {
-        WARN("[test skipped] " << why);
-        return;
-    }
+    SLUICE_SKIP_WITHOUT("moto");
     sluice_test::temp_dir root, dir;
     root.write("data/a.bin", "assumed role's object");
     sluice_test::s3_server moto("moto", root.path().string());
@@ -479,10 +447,7 @@ TEST_CASE("credentials: moto's STS: a profile's role assumed with a signed Assum
 }
 
 TEST_CASE("credentials: moto's STS answers AssumeRoleWithWebIdentity as the chain expects", "[credentials][moto]") {
-    if (auto why = sluice_test::s3_server::unavailable("moto"); !why.empty()) {
-        WARN("[test skipped] " << why);
-        return;
-    }
+    SLUICE_SKIP_WITHOUT("moto");
     // moto checks no signature here: under its checker an unsigned AssumeRoleWithWebIdentity
     // (as AWS takes it) fails inside moto. What this shows is that moto's own STS reply
     // reads right and its credentials read its S3.
@@ -505,7 +470,7 @@ TEST_CASE("credentials: moto's STS answers AssumeRoleWithWebIdentity as the chai
 TEST_CASE("credentials: a stop ends a wait on a credential source that does not answer", "[credentials][stop]") {
     // Container credentials that never answer: two tries of 2 s without a stop.
     sluice_test::temp_dir dir;
-    silent_listener quiet;
+    sluice_test::silent_listener quiet;
     scoped_env env(bare_env(dir, {{"AWS_CONTAINER_CREDENTIALS_FULL_URI", quiet.url("/creds")}}));
     sluice::pipeline p(sluice::list("s3://bkt/a.bin") | sluice::plan() |
                        sluice::fetch({.s3 = {.endpoint = "http://127.0.0.1:9"}}) | sluice::raw());

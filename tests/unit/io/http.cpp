@@ -384,16 +384,8 @@ TEST_CASE("fetch: stop returns at once while transfers stall, ordered or not", "
 TEST_CASE("fetch: stop returns at once against a black-holed endpoint and during backoff", "[http][stop]") {
     // A listening socket that never accepts: connections complete in the kernel, and no
     // byte ever comes back.
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    REQUIRE(fd >= 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    REQUIRE(::listen(fd, 64) == 0);
-    socklen_t len = sizeof a;
-    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-    const std::string hole = "http://127.0.0.1:" + std::to_string(ntohs(a.sin_port)) + "/x{0..7}.bin";
+    sluice_test::silent_listener black_hole;
+    const std::string hole = black_hole.url("/x{0..7}.bin");
     const std::string refused = "http://127.0.0.1:" + std::to_string(sluice_test::free_port()) + "/y{0..7}.bin";
     for (const auto& url : {hole, refused}) {
         INFO(url);
@@ -408,7 +400,6 @@ TEST_CASE("fetch: stop returns at once against a black-holed endpoint and during
         REQUIRE(s < 5);
         REQUIRE_FALSE(p.next_blocking());  // stopped, not failed: nothing more, no error
     }
-    ::close(fd);
 }
 
 namespace {

@@ -427,12 +427,6 @@ TEST_CASE("s3: XML replies are read whatever their namespace", "[s3][xml]") {
 // ---- against real servers ---------------------------------------------------------------
 
 namespace {
-#define SLUICE_SKIP_WITHOUT(kind)                                                          \
-    if (auto why = sluice_test::s3_server::unavailable(kind); !why.empty()) {              \
-        WARN("[test skipped] " << why);                                                    \
-        return;                                                                            \
-    }
-
 std::map<std::string, std::string> read_all(sluice::pipeline<sluice::record>& p) {
     std::map<std::string, std::string> got;
     for (auto& rec : p) got[rec.source->url] = std::string(rec.data.view());

@@ -413,7 +413,7 @@ public:
     const std::string& endpoint() const noexcept { return endpoint_; }
     std::string source() const {
         std::lock_guard lock(m_);
-        return "instance metadata (IMDSv2 at " + source_error::redact(endpoint_) + (role_.empty() ? "" : ", role " + role_) + ")";
+        return name(role_.empty() ? "" : ", role " + role_);
     }
 
     /// The role's credentials. When no instance metadata answers (not on EC2) and
@@ -421,7 +421,7 @@ public:
     /// is null (a refresh), throws credentials_unavailable.
     std::optional<s3_credentials> fetch(std::string* why_not, std::stop_token stop) {
         std::lock_guard lock(m_);
-        const std::string name = "instance metadata (IMDSv2 at " + source_error::redact(endpoint_) + ")";
+        const std::string name = this->name();
         for (int fresh_token = 0; fresh_token < 2; ++fresh_token) {
             if (token_.empty() || wall_clock::now() >= token_until_) {
                 const s3_reply r = call_with_retry({.method = "PUT",
@@ -476,6 +476,9 @@ public:
     }
 
 private:
+    std::string name(const std::string& more = {}) const {
+        return "instance metadata (IMDSv2 at " + source_error::redact(endpoint_) + more + ")";
+    }
     s3_reply get(const std::string& url, std::stop_token stop) const {
         return call_with_retry({.url = url,
                                 .headers = {"X-aws-ec2-metadata-token: " + token_},

@@ -112,7 +112,7 @@ public:
     /// re-read (the environment's, anonymous access).
     credential_provider(std::string source, s3_credentials first, fetch_fn again = {})
         : source_(std::move(source)), again_(std::move(again)), creds_(std::move(first)) {
-        schedule(wall_clock::now(), std::nullopt);
+        schedule(wall_clock::now(), creds_.expires, std::nullopt);
     }
     /// Which source won, in words (never a secret): shown in the stage's figures.
     const std::string& source() const noexcept { return source_; }
@@ -184,19 +184,18 @@ private:
         return creds_.expires && now >= *creds_.expires;
     }
     void replace(s3_credentials fresh, std::optional<wall_clock::time_point> before, wall_clock::time_point now) {
+        const auto expires = fresh.expires;
         {
             std::lock_guard lock(m_);
             creds_ = std::move(fresh);
         }
         refreshes_.fetch_add(1, std::memory_order_relaxed);
-        schedule(now, before);
+        schedule(now, expires, before);
     }
-    void schedule(wall_clock::time_point now, std::optional<wall_clock::time_point> before) {
-        std::optional<wall_clock::time_point> exp;
-        {
-            std::lock_guard lock(m_);
-            exp = creds_.expires;
-        }
+    /// When to refresh credentials that expire at `exp`; `before`: when the ones they
+    /// replace expired.
+    void schedule(wall_clock::time_point now, std::optional<wall_clock::time_point> exp,
+                  std::optional<wall_clock::time_point> before) {
         if (!again_ || !exp) {
             refresh_at_.store(INT64_MAX, std::memory_order_relaxed);
             return;
