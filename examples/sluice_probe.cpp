@@ -124,6 +124,11 @@ options:
   --max-record-bytes N   the largest record (line, object, TFRecord...) a decoder holds;
                          a larger one is corrupt (default 1073741824)
   --progress SECONDS     progress line interval on stderr; 0 = none (default 1)
+  --metrics-file FILE    the live figures in Prometheus' text format, rewritten each second
+  --metrics-port PORT    ... served at http://127.0.0.1:PORT/metrics (0: a free port,
+                         printed on stderr) while the run lasts
+  --trace FILE           a Chrome trace of the run (ui.perfetto.dev, chrome://tracing):
+                         each worker's busy and waiting spans, written at the end
   --quiet                no progress line and no table
   --json                 one JSON object with the figures on stdout
   --help                 this text
@@ -166,6 +171,8 @@ struct options {
     sluice::s3_options s3;
     bool crc = true;
     double progress = 1;
+    std::string metrics_file, trace;
+    int metrics_port = -1;
     bool quiet = false;
     bool json = false;
     std::vector<std::string> sources;
@@ -327,6 +334,13 @@ options parse(int argc, char** argv) {
             if (o.max_record_bytes == 0) usage_error("--max-record-bytes must be at least 1");
         } else if (a == "--progress") {
             o.progress = number<double>(a, value());
+        } else if (a == "--metrics-file") {
+            o.metrics_file = value();
+        } else if (a == "--metrics-port") {
+            o.metrics_port = number<int>(a, value());
+            if (o.metrics_port < 0 || o.metrics_port > 65535) usage_error("--metrics-port takes 0 to 65535");
+        } else if (a == "--trace") {
+            o.trace = value();
         } else if (a == "--quiet") {
             o.quiet = true;
         } else if (a == "--json") {
@@ -393,14 +407,28 @@ void finish_report(sluice::detail::json_writer& w, const sluice::pipeline_figure
     std::cout << w.str() << std::endl;
 }
 
+// --metrics-file, --metrics-port, --trace.
+sluice::pipeline_options exports(const options& o, sluice::pipeline_options po) {
+    po.metrics = {.file = o.metrics_file, .port = o.metrics_port};
+    po.trace = o.trace;
+    return po;
+}
+// Starts the pipeline and says where its figures are served (--metrics-port 0 picks one).
+template <class P>
+void say_metrics_port(P& p, const options& o) {
+    if (o.metrics_port < 0) return;
+    std::cerr << "sluice-probe: figures at http://127.0.0.1:" << p.metrics_port() << "/metrics" << std::endl;
+}
+
 // --format chunks: the transfer alone, for measuring a source against curl or cat.
 template <class Source>
-int count_chunks(Source src, const options& o, bool http) {
-    sluice::pipeline p(src, {.runtime = {.cpu_threads = o.threads}});
+int count_chunks(Source src, const sluice::pipeline_options& popts, const options& o, bool http) {
+    sluice::pipeline p(src, popts);
     std::uint64_t chunks = 0, bytes = 0, objects = 0;
     int status = 0;
     std::string failure;
     try {
+        say_metrics_port(p, o);
         for (auto& c : p) {
             ++chunks;
             bytes += c.data.size();
@@ -466,6 +494,7 @@ int report(Batches batches, const sluice::pipeline_options& popts, const options
         }
     };
     try {
+        say_metrics_port(p, o);
         if (o.stop_after && *o.stop_after == 0) p.start();
         else for (auto& b : p) {
             waited_s += std::chrono::duration<double>(clock::now() - last).count();
@@ -621,7 +650,7 @@ int main(int argc, char** argv) {
                                              .order = order,
                                              .map = o.map,
                                              .out = {16, o.channel_bytes}});
-    if (o.format == "chunks") return count_chunks(src, o, http);
+    if (o.format == "chunks") return count_chunks(src, exports(o, {.runtime = {.cpu_threads = o.threads}}), o, http);
     // The parsed formats inflate gzip'd shards first: a gunzip stage of their own (it passes
     // other shards through), given the same byte budget as every other channel.
     const sluice::decode_options decode{.on_corrupt = o.on_corrupt,
@@ -697,7 +726,7 @@ int main(int argc, char** argv) {
     // moment before).
     const std::uint64_t budget_bytes = (o.format == "raw" ? 3ull : 4ull) * o.channel_bytes;
 
-    sluice::pipeline_options popts{.runtime = {.cpu_threads = o.threads}};
+    sluice::pipeline_options popts = exports(o, {.runtime = {.cpu_threads = o.threads}});
     if (!o.resume.empty()) {
         std::ifstream in(o.resume);
         std::ostringstream blob;

@@ -31,9 +31,11 @@ packages=(g++ make cmake libasio-dev catch2 zlib1g-dev libcurl4-openssl-dev libp
 # restart-marker JPEGs made by libjpeg-turbo's cjpeg (libjpeg-turbo-progs).
 # libtorch (libtorch-dev, CPU) for the C++ trainer example the tests build and run; the
 # Python module's build (python3-dev, pybind11-dev), its pip install (python3-pip,
-# python3-setuptools) and its tests (python3-torch: torch.from_dlpack).
+# python3-setuptools) and its tests (python3-torch: torch.from_dlpack). The exported
+# figures are read back by prometheus_client's own parser (python3-prometheus-client).
 [ $test_deps = 1 ] && packages+=(python3 clang libclang-rt-dev nginx python3-pil python3-numpy libjpeg-turbo-progs libtorch-dev
-                                 python3-dev pybind11-dev python3-pip python3-setuptools python3-torch)
+                                 python3-dev pybind11-dev python3-pip python3-setuptools python3-torch
+                                 python3-prometheus-client)
 # bench/run.sh's peers: PyTorch's DataLoader with torchvision, and boto3 in its workers
 # (Debian's, for /usr/bin/python3); nginx's echo_sleep delays the first byte of the remote rows.
 [ $bench_deps = 1 ] && packages+=(python3-torch python3-torchvision python3-boto3 libnginx-mod-http-echo)

@@ -87,12 +87,19 @@ class Pipeline:
     (bytes) that Pipeline(chain, resume=state) goes on from; figures() the per-stage
     figures as a dict; stop() ends it (so does Ctrl-C while it waits, and del).
     cpu_threads: the CPU pool's size, C++'s pipeline_options.runtime.cpu_threads (0: the
-    machine's cores)."""
+    machine's cores). metrics: {"file": path, "port": n, "interval": seconds}, the live
+    figures in Prometheus' text format (C++'s pipeline_options.metrics; port 0 picks a
+    free one, metrics_port() says which). trace: a file for a Chrome trace of the run,
+    written when it stops."""
 
-    def __init__(self, chain, resume=b"", cpu_threads=0):
+    def __init__(self, chain, resume=b"", cpu_threads=0, metrics=None, trace=""):
         if isinstance(resume, (bytes, bytearray)):
             resume = bytes(resume).decode()
-        self._p = _sluice.Pipeline(chain.specs, resume, cpu_threads)
+        self._p = _sluice.Pipeline(chain.specs, resume, cpu_threads, metrics or {}, trace)
+
+    def metrics_port(self):
+        """The loopback port serving the figures (metrics={"port": 0} picks one); -1: none."""
+        return self._p.metrics_port()
 
     def __iter__(self):
         return self

@@ -394,8 +394,18 @@ using any_pipeline = std::variant<std::unique_ptr<sluice::pipeline<sluice::host_
 /// signal handler's exception) every 100 ms, stopping the pipeline when one is raised.
 class py_pipeline {
 public:
-    py_pipeline(const py::list& specs, const std::string& resume, unsigned threads) {
-        sluice::pipeline_options po{.runtime = {.cpu_threads = threads}, .resume = resume};
+    py_pipeline(const py::list& specs, const std::string& resume, unsigned threads, const py::dict& metrics,
+                const std::string& trace) {
+        sluice::pipeline_options po{.runtime = {.cpu_threads = threads}, .resume = resume, .trace = trace};
+        // metrics={"file": ..., "port": ..., "interval": seconds}: C++'s metrics_options.
+        for (auto [k, v] : metrics) {
+            const auto key = py::cast<std::string>(k);
+            if (key == "file") po.metrics.file = py::cast<std::string>(v);
+            else if (key == "port") po.metrics.port = py::cast<int>(v);
+            else if (key == "interval")
+                po.metrics.interval = std::chrono::milliseconds(static_cast<long>(py::cast<double>(v) * 1000));
+            else throw py::type_error("metrics takes file, port and interval, not '" + key + "'");
+        }
         std::visit(
             [&](auto src) {
                 using S = decltype(src);
@@ -481,6 +491,9 @@ public:
     }
     py::bytes state() {
         return std::visit([](auto& p) { return py::bytes(p->state()); }, p_);
+    }
+    int metrics_port() {
+        return std::visit([](auto& p) { return p->metrics_port(); }, p_);
     }
     std::string figures_json() const {
         return std::visit([](auto& p) { return p->figures().json(); }, p_);
@@ -571,8 +584,10 @@ PYBIND11_MODULE(_sluice, m) {
         });
 
     py::class_<py_pipeline>(m, "Pipeline")
-        .def(py::init<const py::list&, const std::string&, unsigned>(), py::arg("specs"), py::arg("resume") = "",
-             py::arg("cpu_threads") = 0)
+        .def(py::init<const py::list&, const std::string&, unsigned, const py::dict&, const std::string&>(),
+             py::arg("specs"), py::arg("resume") = "", py::arg("cpu_threads") = 0, py::arg("metrics") = py::dict(),
+             py::arg("trace") = "")
+        .def("metrics_port", &py_pipeline::metrics_port, py::call_guard<py::gil_scoped_release>())
         .def("next", &py_pipeline::next)
         .def("stop", &py_pipeline::stop, py::call_guard<py::gil_scoped_release>())
         .def("state", &py_pipeline::state)

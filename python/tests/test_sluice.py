@@ -113,6 +113,32 @@ class Batches(unittest.TestCase):
         self.assertIn(f["bottleneck"], names)
         self.assertIn("decode_images", p.table())
 
+    def test_live_figures_and_a_trace_are_exported_with_the_cpp_names(self):
+        import json
+        import urllib.request
+        with tempfile.TemporaryDirectory() as d:
+            prom, trace = os.path.join(d, "m.prom"), os.path.join(d, "t.json")
+            p = sluice.Pipeline(images(), metrics={"file": prom, "port": 0, "interval": 0.05}, trace=trace)
+            port = p.metrics_port()
+            self.assertGreater(port, 0)
+            first = next(p)
+            with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as r:
+                live = r.read().decode()
+            self.assertIn('sluice_stage_items_out_total{stage="decode_images"', live)
+            n = len(first) + sum(len(b) for b in p)
+            self.assertEqual(n, 400)
+            p.stop()
+            with open(prom) as f:
+                final = f.read()
+            self.assertIn('sluice_records_total ', final)
+            with open(trace) as f:
+                events = json.load(f)["traceEvents"]
+            tracks = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+            self.assertIn("decode_images #1", tracks)
+            self.assertIn("consumer #0", tracks)
+            with self.assertRaises(TypeError):
+                sluice.Pipeline(images(), metrics={"path": prom})
+
 
 class Map(unittest.TestCase):
     def lines_file(self, n):

@@ -190,6 +190,7 @@ public:
         return true;
     }
     std::string url(const std::string& path = "") const { return "http://127.0.0.1:" + std::to_string(port_) + path; }
+    int port() const { return port_; }
 
 private:
     int fd_ = -1;

@@ -19,6 +19,7 @@
 // (the trainer's) block on a condition variable with send_blocking/receive_blocking.
 // Everything is guarded by one mutex: a hop costs one uncontended lock on the fast path.
 
+#include <sluice/core/detail/span_log.hpp>
 #include <sluice/core/task.hpp>
 
 #include <atomic>
@@ -151,7 +152,7 @@ public:
     /// `co_await ch.send(v)`: true once the channel took the item, false when it was
     /// cancelled or closed (the item is then destroyed). `wait_ns`, if given, accumulates
     /// the time spent suspended waiting for room.
-    send_awaiter send(T v, std::atomic<std::uint64_t>* wait_ns = nullptr) {
+    send_awaiter send(T v, detail::wait_meter wait_ns = {}) {
         return send_awaiter{*this, std::move(v), wait_ns};
     }
 
@@ -178,19 +179,18 @@ public:
     /// `index`, if given, receives the item's position in the order items left the
     /// channel (0, 1, 2, ...), which ordered stages use to restore input order; at the end
     /// (or error) it receives the number of items that left.
-    receive_awaiter receive(std::atomic<std::uint64_t>* wait_ns = nullptr,
-                            std::uint64_t* index = nullptr) {
+    receive_awaiter receive(detail::wait_meter wait_ns = {}, std::uint64_t* index = nullptr) {
         return receive_awaiter{*this, wait_ns, index};
     }
 
     /// Blocking receive for an ordinary thread (the trainer's).
-    std::optional<T> receive_blocking(std::atomic<std::uint64_t>* wait_ns = nullptr) {
+    std::optional<T> receive_blocking(detail::wait_meter wait_ns = {}) {
         return receive_blocking_until(std::nullopt, wait_ns);
     }
 
     /// receive_blocking that gives up after `timeout`: empty then (and at the end).
     std::optional<T> receive_blocking_for(std::chrono::milliseconds timeout,
-                                          std::atomic<std::uint64_t>* wait_ns = nullptr) {
+                                          detail::wait_meter wait_ns = {}) {
         return receive_blocking_until(std::chrono::steady_clock::now() + timeout, wait_ns);
     }
 
@@ -237,7 +237,7 @@ public:
 
 private:
     std::optional<T> receive_blocking_until(std::optional<std::chrono::steady_clock::time_point> deadline,
-                                            std::atomic<std::uint64_t>* wait_ns) {
+                                            detail::wait_meter wait_ns) {
         std::optional<T> out;
         std::unique_lock lock(m_);
         std::exception_ptr err;
@@ -253,7 +253,7 @@ private:
         const auto t0 = wait_ns ? detail::now_ns() : 0;
         if (!deadline) cv.wait(lock, [&] { return w.woken; });
         else if (!cv.wait_until(lock, *deadline, [&] { return w.woken; })) receivers_.remove(&w);  // gave up
-        if (wait_ns) wait_ns->fetch_add(detail::now_ns() - t0, std::memory_order_relaxed);
+        if (wait_ns) wait_ns.add(t0, detail::now_ns());
         if (!out && w.error) std::rethrow_exception(w.error);
         return out;
     }
@@ -351,7 +351,7 @@ private:
 public:
     class send_awaiter {
     public:
-        send_awaiter(channel& ch, T&& v, std::atomic<std::uint64_t>* wait_ns)
+        send_awaiter(channel& ch, T&& v, detail::wait_meter wait_ns)
             : ch_(ch), item_(std::move(v)), wait_ns_(wait_ns) {
             w_.weight = ch_.weigh(item_);  // user code (byte_size) runs before locking
         }
@@ -383,21 +383,21 @@ public:
             ch_.m_.unlock();  // last touch of *this
         }
         bool await_resume() {
-            if (t0_) wait_ns_->fetch_add(detail::now_ns() - t0_, std::memory_order_relaxed);
+            if (t0_) wait_ns_.add(t0_, detail::now_ns());
             return w_.ok;
         }
 
     private:
         channel& ch_;
         T item_;
-        std::atomic<std::uint64_t>* wait_ns_;
+        detail::wait_meter wait_ns_;
         std::uint64_t t0_ = 0;
         send_waiter w_;
     };
 
     class receive_awaiter {
     public:
-        receive_awaiter(channel& ch, std::atomic<std::uint64_t>* wait_ns, std::uint64_t* index)
+        receive_awaiter(channel& ch, detail::wait_meter wait_ns, std::uint64_t* index)
             : ch_(ch), wait_ns_(wait_ns), index_(index) {}
         bool await_ready() {  // see send_awaiter on the mutex
             ch_.m_.lock();
@@ -423,14 +423,14 @@ public:
             ch_.m_.unlock();  // last touch of *this
         }
         std::optional<T> await_resume() {
-            if (t0_) wait_ns_->fetch_add(detail::now_ns() - t0_, std::memory_order_relaxed);
+            if (t0_) wait_ns_.add(t0_, detail::now_ns());
             if (!out_ && w_.error) std::rethrow_exception(w_.error);
             return std::move(out_);
         }
 
     private:
         channel& ch_;
-        std::atomic<std::uint64_t>* wait_ns_;
+        detail::wait_meter wait_ns_;
         std::uint64_t* index_;
         std::uint64_t t0_ = 0;
         std::optional<T> out_;

@@ -12,14 +12,18 @@
 // error (a sluice::error naming the path, URL or offset).
 
 #include <sluice/core/channel.hpp>
+#include <sluice/core/detail/metrics_export.hpp>
+#include <sluice/core/detail/trace.hpp>
 #include <sluice/core/runtime.hpp>
 #include <sluice/core/stage.hpp>
 #include <sluice/core/stats.hpp>
 
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <iterator>
 #include <memory>
@@ -30,6 +34,20 @@
 #include <unistd.h>
 
 namespace sluice {
+
+/// Live figures in Prometheus' text format (pipeline_figures::prometheus()), for a scraper
+/// or a person: in a file, on a loopback port, or both. Off unless asked.
+struct metrics_options {
+    /// Rewritten every `interval` and once more at the end (written whole beside it as
+    /// FILE.tmp, then renamed over it). Empty: no file. A file that cannot be written
+    /// fails the start, naming it; a later failure (a full disk) is said once on stderr.
+    std::string file = {};
+    /// Served at GET /metrics on 127.0.0.1 (never another address: the figures name
+    /// URLs and paths) while the pipeline runs. 0: a free port, pipeline::metrics_port()
+    /// says which; -1: none. A port that cannot be bound fails the start, naming it.
+    int port = -1;
+    std::chrono::milliseconds interval{1000};
+};
 
 struct pipeline_options {
     runtime_options runtime = {};
@@ -42,6 +60,15 @@ struct pipeline_options {
     /// A state written by pipeline::state(): the pipeline yields exactly what the saved
     /// one had left to yield (core/state.hpp). Empty: start from the beginning.
     std::string resume = {};
+    /// Prometheus text export of the live figures (see metrics_options).
+    metrics_options metrics = {};
+    /// A Chrome trace of the run, written to this file when the pipeline stops: one
+    /// track per worker and one for the consumer, each in busy / waiting-for-input /
+    /// waiting-for-room spans (open in ui.perfetto.dev or chrome://tracing). Each worker
+    /// keeps at most 65,536 waits (1.5 MiB); later ones are counted in the trace's
+    /// otherData.dropped_spans. The file is created at the start (a path that cannot be
+    /// written fails it); a failure to write it at the stop is said on stderr.
+    std::string trace = {};
 };
 
 template <class T>
@@ -78,7 +105,7 @@ public:
             // before the channel: its send happens before it says it waits.
             bool suspect = false;
             for (;;) {
-                got = ch->receive_blocking_for(std::chrono::milliseconds(500), &consumer().wait_in_ns);
+                got = ch->receive_blocking_for(std::chrono::milliseconds(500), consumer().input_meter());
                 if (got || ((ch->closed() || ch->cancelled()) && ch->size() == 0)) break;
                 const auto why = would_never_arrive(*ch);
                 if (why.empty() || ch->size() != 0) {
@@ -90,7 +117,7 @@ public:
                 }
             }
         } else {
-            got = ch->receive_blocking(&consumer().wait_in_ns);
+            got = ch->receive_blocking(consumer().input_meter());
         }
         if (got) {
             detail::bump(consumer().items_in);
@@ -149,9 +176,18 @@ public:
         r->rt->join();
         r->env.destroy_parked();
         auto f = figures_of(*r);
+        if (r->metrics) r->metrics->finish(f.prometheus());
+        if (!opts_.trace.empty()) write_trace(*r);
         std::lock_guard lock(m_);  // figures() may read it from another thread
         final_ = std::move(f);
         last_run_ = r->env.run;  // state() still answers after stop()
+    }
+
+    /// The port serving the live figures (metrics_options::port), once started; -1: none.
+    int metrics_port() {
+        start();
+        std::lock_guard lock(m_);
+        return run_ && run_->metrics ? run_->metrics->port() : -1;
     }
 
     /// Figures so far (or final figures after stop()).
@@ -223,7 +259,7 @@ public:
             auto got = aw_.await_resume();
             std::lock_guard lock(anchor_->m);
             if (!anchor_->p) return got;
-            if (t0_) detail::bump(p_.consumer().wait_in_ns, detail::now_ns() - t0_);
+            if (t0_) p_.consumer().input_meter().add(t0_, detail::now_ns());
             if (got) p_.note_position(*got);
             return got;
         }
@@ -249,6 +285,7 @@ private:
         std::shared_ptr<channel<T>> last;
         std::function<std::string()> last_wait_check;  // the last stage's (see stage_setup)
         std::uint64_t start_ns = 0;
+        std::unique_ptr<detail::metrics_exporter> metrics;  // stopped before the runtime goes
         std::thread progress;
         std::mutex progress_m;
         std::condition_variable progress_cv;
@@ -256,6 +293,7 @@ private:
         ~running() {
             // stop() joins before destruction; this is the path for a pipeline that was
             // never stopped explicitly and is torn down by an exception in start.
+            metrics.reset();
             env.cancel_all();
             env.wait_idle();
             if (progress.joinable()) {
@@ -350,11 +388,19 @@ private:
         }
         r->env.run->check_noted();
         void* prev = nullptr;
+        const bool traced = !opts_.trace.empty();
+        if (traced) {  // a path that cannot be written fails the start, not the end
+            std::FILE* f = std::fopen(opts_.trace.c_str(), "w");
+            if (!f)
+                throw error("sluice: trace file " + opts_.trace + ": " + std::strerror(errno), {errno, std::generic_category()});
+            std::fclose(f);
+            consumer_.spans = std::make_unique<detail::span_log>();
+        }
         for (auto& l : links) {
             auto out = l->make_output();
             r->env.cancellers.push_back(l->canceller(out));
             r->stats.push_back(std::make_unique<stage_stats>(l->name, std::max(1u, l->opts.concurrency),
-                                                             l->counts_records));
+                                                             l->counts_records, traced));
             r->channels.push_back(out);
         }
         for (std::size_t i = 0; i < src_.links().size(); ++i) {
@@ -363,6 +409,10 @@ private:
             prev = r->channels[i].get();
         }
         r->last = std::static_pointer_cast<channel<T>>(r->channels.back());
+        if (!opts_.metrics.file.empty() || opts_.metrics.port >= 0)
+            r->metrics = std::make_unique<detail::metrics_exporter>(
+                opts_.metrics.file, opts_.metrics.port, opts_.metrics.interval,
+                [this, rp = r.get()] { return figures_of(*rp).prometheus(); });
         if (opts_.progress.count() > 0) {
             r->progress = std::thread([this, rp = r.get()] {
                 std::unique_lock lock(rp->progress_m);
@@ -389,6 +439,30 @@ private:
             });
         }
         run_ = std::move(r);
+    }
+
+    // The Chrome trace of the run (pipeline_options::trace), after every worker ended.
+    void write_trace(const running& r) {
+        std::vector<detail::traced_worker> ws;
+        for (auto& st : r.stats)
+            for (std::size_t i = 0; i < st->workers(); ++i) {
+                auto& w = st->worker(i);
+                ws.push_back({st->name(), static_cast<unsigned>(i), w.start_ns.load(), w.end_ns.load(),
+                              w.spans ? w.spans->spans() : std::vector<detail::span_log::span>{},
+                              w.spans ? w.spans->dropped() : 0});
+            }
+        const auto end = detail::now_ns();
+        ws.push_back({"consumer", 0, r.start_ns, end, consumer_.spans ? consumer_.spans->spans() : std::vector<detail::span_log::span>{},
+                      consumer_.spans ? consumer_.spans->dropped() : 0});
+        const std::string text = detail::chrome_trace(ws, r.start_ns, end);
+        const std::string tmp = opts_.trace + ".tmp";
+        std::FILE* f = std::fopen(tmp.c_str(), "w");
+        bool ok = f && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+        if (f) ok = std::fclose(f) == 0 && ok;
+        if (!ok || std::rename(tmp.c_str(), opts_.trace.c_str()) != 0) {
+            std::fprintf(stderr, "sluice: trace file %s: %s\n", opts_.trace.c_str(), std::strerror(errno));
+            std::remove(tmp.c_str());
+        }
     }
 
     pipeline_figures figures_of(const running& r) const {

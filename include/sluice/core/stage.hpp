@@ -119,7 +119,7 @@ public:
     /// stopping it throws detail::stopped instead (not an error: the stage ends cleanly),
     /// and a later call never returns (see detail::worker_life).
     next_op next(std::uint64_t* index = nullptr) {
-        return next_op{ch_->receive(&c_->wait_in_ns, index), c_, life_};
+        return next_op{ch_->receive(c_->input_meter(), index), c_, life_};
     }
     /// Stop reading: upstream stages see their sends fail and unwind.
     void cancel() { ch_->cancel(); }
@@ -175,7 +175,7 @@ public:
     /// that and sends again is parked for good (see detail::worker_life).
     send_op send(Out v) {
         const std::size_t n = byte_size_of(v);
-        return send_op{ch_->send(std::move(v), &c_->wait_out_ns), c_, n, life_};
+        return send_op{ch_->send(std::move(v), c_->output_meter()), c_, n, life_};
     }
 
 private:

@@ -14,6 +14,7 @@
 // bottleneck, and the pipeline is fast enough.
 
 #include <sluice/core/detail/json.hpp>
+#include <sluice/core/detail/span_log.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -22,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace sluice {
@@ -37,15 +39,25 @@ struct worker_counters {
     std::atomic<std::uint64_t> items_in{0}, items_out{0}, bytes_in{0}, bytes_out{0};
     std::atomic<std::uint64_t> wait_in_ns{0}, wait_out_ns{0};
     std::atomic<std::uint64_t> start_ns{0}, end_ns{0};
+    /// Its waits one by one, when the pipeline is traced (pipeline_options::trace).
+    std::unique_ptr<detail::span_log> spans;
+
+    /// What a channel operation counts its waits into.
+    detail::wait_meter input_meter() { return {&wait_in_ns, spans.get(), detail::span_log::wait_input}; }
+    detail::wait_meter output_meter() { return {&wait_out_ns, spans.get(), detail::span_log::wait_output}; }
 };
 
 /// A stage's view of its counters; also holds named extra counters (skipped records,
 /// retries, throttles...) that a stage registers before it starts.
 class stage_stats {
 public:
-    stage_stats(std::string name, unsigned workers, bool counts_records)
+    /// `traced`: each worker also keeps its waits one by one (for a Chrome trace).
+    stage_stats(std::string name, unsigned workers, bool counts_records, bool traced = false)
         : name_(std::move(name)), counts_records_(counts_records) {
-        for (unsigned i = 0; i < workers; ++i) workers_.push_back(std::make_unique<worker_counters>());
+        for (unsigned i = 0; i < workers; ++i) {
+            workers_.push_back(std::make_unique<worker_counters>());
+            if (traced) workers_.back()->spans = std::make_unique<detail::span_log>();
+        }
     }
     const std::string& name() const noexcept { return name_; }
     bool counts_records() const noexcept { return counts_records_; }
@@ -157,6 +169,98 @@ struct pipeline_figures {
             if (!best || load(s) > load(*best)) best = &s;
         return best ? best->name : std::string{};
     }
+    /// Share of the run the consumer spent waiting for its next item (0..1): what a
+    /// faster pipeline could give back to the trainer.
+    double consumer_wait_share() const {
+        if (stages.empty() || stages.back().name != "consumer" || seconds <= 0) return 0;
+        return std::min(1.0, stages.back().wait_input_s / seconds);
+    }
+    /// The stage that held the consumer back: the bottleneck among the pipeline's own
+    /// stages (the consumer left out). Empty when there are none.
+    std::string held_back_by() const {
+        const stage_figures* best = nullptr;
+        auto load = [](const stage_figures& s) { return s.busy_s / (s.workers ? s.workers : 1); };
+        for (auto& s : stages)
+            if (s.name != "consumer" && (!best || load(s) > load(*best))) best = &s;
+        return best ? best->name : std::string{};
+    }
+
+    /// The figures in Prometheus' text exposition format (version 0.0.4): pipeline-wide
+    /// gauges, then one series per stage labelled {stage="fetch",index="2"} (index: the
+    /// stage's place in the pipeline, as two stages may share a name). A stage's named
+    /// counters are `sluice_stage_counter{...,name="retries"}` and its notes
+    /// `sluice_stage_note{...,name="credentials",value="..."} 1`.
+    std::string prometheus() const {
+        std::string out;
+        auto label = [](std::string_view v) {  // a label value, escaped
+            std::string e;
+            for (char c : v) {
+                if (c == '\\') e += "\\\\";
+                else if (c == '"') e += "\\\"";
+                else if (c == '\n') e += "\\n";
+                else e += c;
+            }
+            return e;
+        };
+        auto num = [](double v) {
+            char buf[64];
+            std::snprintf(buf, sizeof buf, "%.9g", v);
+            return std::string(buf);
+        };
+        auto family = [&](const char* name, const char* type, const char* help) {
+            out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+        };
+        auto [r, b] = records_and_bytes();
+        family("sluice_seconds", "gauge", "Seconds since the pipeline started.");
+        out += "sluice_seconds " + num(seconds) + "\n";
+        family("sluice_records_total", "counter", "Records delivered (counted at the last stage that makes records).");
+        out += "sluice_records_total " + std::to_string(r) + "\n";
+        family("sluice_bytes_total", "counter", "Bytes of those records.");
+        out += "sluice_bytes_total " + std::to_string(b) + "\n";
+        family("sluice_consumer_wait_ratio", "gauge", "Share of the run the consumer spent waiting for its next item.");
+        out += "sluice_consumer_wait_ratio " + num(consumer_wait_share()) + "\n";
+        family("sluice_io_loop_cpu_seconds_total", "counter", "CPU seconds of the I/O loop's thread.");
+        out += "sluice_io_loop_cpu_seconds_total " + num(io_loop_cpu_s) + "\n";
+        family("sluice_bottleneck", "gauge", "1 for the stage that limits throughput (the consumer when the pipeline keeps up).");
+        out += "sluice_bottleneck{stage=\"" + label(bottleneck()) + "\"} 1\n";
+        family("sluice_held_back_by", "gauge", "1 for the pipeline's own stage that held the consumer back most.");
+        if (auto h = held_back_by(); !h.empty()) out += "sluice_held_back_by{stage=\"" + label(h) + "\"} 1\n";
+        struct series {
+            const char* name;
+            const char* type;
+            const char* help;
+            double (*get)(const stage_figures&);
+        };
+        static const series per_stage[] = {
+            {"sluice_stage_workers", "gauge", "Workers of the stage.", [](const stage_figures& s) { return double(s.workers); }},
+            {"sluice_stage_items_in_total", "counter", "Items the stage took.", [](const stage_figures& s) { return double(s.items_in); }},
+            {"sluice_stage_items_out_total", "counter", "Items the stage gave.", [](const stage_figures& s) { return double(s.items_out); }},
+            {"sluice_stage_bytes_in_total", "counter", "Bytes the stage took.", [](const stage_figures& s) { return double(s.bytes_in); }},
+            {"sluice_stage_bytes_out_total", "counter", "Bytes the stage gave.", [](const stage_figures& s) { return double(s.bytes_out); }},
+            {"sluice_stage_busy_seconds_total", "counter", "Worker-seconds spent working.", [](const stage_figures& s) { return s.busy_s; }},
+            {"sluice_stage_wait_input_seconds_total", "counter", "Worker-seconds spent waiting for input.", [](const stage_figures& s) { return s.wait_input_s; }},
+            {"sluice_stage_wait_output_seconds_total", "counter", "Worker-seconds spent waiting for room downstream.", [](const stage_figures& s) { return s.wait_output_s; }},
+            {"sluice_stage_utilization", "gauge", "Share of the workers' time spent working.", [](const stage_figures& s) { return s.utilization(); }},
+        };
+        auto labels = [&](std::size_t i) {
+            return "stage=\"" + label(stages[i].name) + "\",index=\"" + std::to_string(i) + "\"";
+        };
+        for (auto& ser : per_stage) {
+            family(ser.name, ser.type, ser.help);
+            for (std::size_t i = 0; i < stages.size(); ++i)
+                out += std::string(ser.name) + "{" + labels(i) + "} " + num(ser.get(stages[i])) + "\n";
+        }
+        family("sluice_stage_counter", "untyped", "A stage's named counter (retries, throttled, corrupt, in_flight...).");
+        for (std::size_t i = 0; i < stages.size(); ++i)
+            for (auto& [n, v] : stages[i].counters)
+                out += "sluice_stage_counter{" + labels(i) + ",name=\"" + label(n) + "\"} " + std::to_string(v) + "\n";
+        family("sluice_stage_note", "gauge", "A stage's named fact in words, as a label (always 1).");
+        for (std::size_t i = 0; i < stages.size(); ++i)
+            for (auto& [n, v] : stages[i].notes)
+                out += "sluice_stage_note{" + labels(i) + ",name=\"" + label(n) + "\",value=\"" + label(v) + "\"} 1\n";
+        return out;
+    }
+
     /// Records counted at the last stage that produces records (a decoder), or the
     /// items delivered to the consumer when there is none.
     std::pair<std::uint64_t, std::uint64_t> records_and_bytes() const {
@@ -202,6 +306,12 @@ struct pipeline_figures {
             for (auto& [n, v] : s.notes) out += "    " + n + ": " + v + "\n";
         }
         out += "bottleneck: " + bottleneck() + "\n";
+        if (!stages.empty() && stages.back().name == "consumer" && seconds > 0) {
+            std::snprintf(buf, sizeof buf, "the consumer waited %.0f%% of %.2f s", 100 * consumer_wait_share(), seconds);
+            out += buf;
+            if (auto h = held_back_by(); !h.empty()) out += "; held back most by: " + h;
+            out += "\n";
+        }
         return out;
     }
 
@@ -212,6 +322,8 @@ struct pipeline_figures {
         w.key("seconds").value(seconds);
         w.key("io_loop_cpu_s").value(io_loop_cpu_s);
         w.key("bottleneck").value(bottleneck());
+        w.key("consumer_wait_share").value(consumer_wait_share());
+        w.key("held_back_by").value(held_back_by());
         w.key("stages");
         write_stages(w);
         w.end_object();

@@ -245,7 +245,7 @@ stage<host_batch, device_batch> to_device(to_device_options o, std::shared_ptr<c
         auto& unstaged = ctx.stats.counter("unstaged");
         while (auto hb = co_await ctx.in.next()) {
             ring->waiting.store(true, std::memory_order_release);
-            auto got = co_await ring->free.receive(&w.wait_out_ns);  // a free slot
+            auto got = co_await ring->free.receive(w.output_meter());  // a free slot
             ring->waiting.store(false, std::memory_order_release);
             if (!got) throw detail::stopped{};
             detail::device_slot* s = *got;

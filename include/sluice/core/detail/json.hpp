@@ -62,6 +62,19 @@ public:
         out_ += buf;
         return *this;
     }
+    /// A number with `decimals` digits after the point (a trace's microseconds, where
+    /// value(double)'s six significant digits would round a long run's times).
+    json_writer& fixed(double v, int decimals) {
+        comma();
+        if (!std::isfinite(v)) {
+            out_ += "null";
+            return *this;
+        }
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+        out_ += buf;
+        return *this;
+    }
     const std::string& str() const noexcept { return out_; }
 
 private:
