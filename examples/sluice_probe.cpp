@@ -9,6 +9,8 @@
 // stdout. Exit status: 0 done, 1 a source failed (the message names it), 2 bad usage.
 
 #include <sluice/sluice.hpp>
+
+#include "probe_sweep.hpp"
 #if defined(SLUICE_HAVE_IMAGE)
 #include <sluice/image.hpp>
 #endif
@@ -123,6 +125,15 @@ options:
   --no-crc               skip the per-record crc32 (measures the pipeline alone)
   --max-record-bytes N   the largest record (line, object, TFRecord...) a decoder holds;
                          a larger one is corrupt (default 1073741824)
+  --sweep                measure throughput against requests in flight (1, 2, 4, ...;
+                         files in flight for local paths) and, for objects of 4 MiB or
+                         more, part size; print the recommended settings, the figures
+                         behind them and what a target rate needs (shard size, S3
+                         prefixes at an assumed 5,500 GET/s each), then exit
+  --sweep-seconds S      time per sweep point (default 2)
+  --sweep-max K          the most in flight tried (default 128)
+  --target-rate BYTES    --sweep plans for this many bytes/s (default: the best measured)
+  --chart FILE           --sweep also draws throughput against in flight as SVG
   --progress SECONDS     progress line interval on stderr; 0 = none (default 1)
   --metrics-file FILE    the live figures in Prometheus' text format, rewritten each second
   --metrics-port PORT    ... served at http://127.0.0.1:PORT/metrics (0: a free port,
@@ -172,6 +183,10 @@ struct options {
     bool crc = true;
     double progress = 1;
     std::string metrics_file, trace;
+    bool sweep = false;
+    double sweep_seconds = 2, target_rate = 0;
+    unsigned sweep_max = 128;
+    std::string chart;
     int metrics_port = -1;
     bool quiet = false;
     bool json = false;
@@ -334,6 +349,18 @@ options parse(int argc, char** argv) {
             if (o.max_record_bytes == 0) usage_error("--max-record-bytes must be at least 1");
         } else if (a == "--progress") {
             o.progress = number<double>(a, value());
+        } else if (a == "--sweep") {
+            o.sweep = true;
+        } else if (a == "--sweep-seconds") {
+            o.sweep_seconds = number<double>(a, value());
+            if (!(o.sweep_seconds > 0)) usage_error("--sweep-seconds must be above 0");
+        } else if (a == "--sweep-max") {
+            o.sweep_max = number<unsigned>(a, value());
+            if (o.sweep_max == 0) usage_error("--sweep-max must be at least 1");
+        } else if (a == "--target-rate") {
+            o.target_rate = number<double>(a, value());
+        } else if (a == "--chart") {
+            o.chart = value();
         } else if (a == "--metrics-file") {
             o.metrics_file = value();
         } else if (a == "--metrics-port") {
@@ -650,6 +677,41 @@ int main(int argc, char** argv) {
                                              .order = order,
                                              .map = o.map,
                                              .out = {16, o.channel_bytes}});
+    if (o.sweep) {
+        // Each point: the sources again and again (plan's epochs) with k in flight.
+        const probe_sweep::maker make = [&](unsigned k, std::uint64_t part) {
+            auto again = sluice::list(o.sources, o.s3) | sluice::plan({.epochs = 1000000});
+            return http ? again | sluice::fetch({.concurrency = k,
+                                                 .min_concurrency = k,
+                                                 .order = sluice::ordering::unordered,
+                                                 .chunk_size = std::min<std::size_t>(o.chunk_size, 1u << 20),
+                                                 .part_size = part,
+                                                 .parts_in_flight = o.parts_in_flight,
+                                                 .retries = o.retries,
+                                                 .stall = std::chrono::seconds(o.stall),
+                                                 .ca_file = o.ca_file,
+                                                 .insecure = o.insecure,
+                                                 .s3 = o.s3,
+                                                 .out = {16, o.channel_bytes}})
+                        : again | sluice::read({.chunk_size = o.chunk_size,
+                                                .concurrency = k,
+                                                .order = sluice::ordering::unordered,
+                                                .map = o.map,
+                                                .out = {16, o.channel_bytes}});
+        };
+        try {
+            return probe_sweep::run(make, {.http = http,
+                                           .max_k = o.sweep_max,
+                                           .seconds = o.sweep_seconds,
+                                           .part_size = o.part_size,
+                                           .target_rate = o.target_rate,
+                                           .chart = o.chart,
+                                           .json = o.json});
+        } catch (const std::exception& e) {
+            std::cerr << "sluice-probe: " << e.what() << "\n";
+            return 1;
+        }
+    }
     if (o.format == "chunks") return count_chunks(src, exports(o, {.runtime = {.cpu_threads = o.threads}}), o, http);
     // The parsed formats inflate gzip'd shards first: a gunzip stage of their own (it passes
     // other shards through), given the same byte budget as every other channel.

@@ -291,3 +291,47 @@ TEST_CASE("sluice-probe reads s3:// shards signed from moto, a wrong secret neve
         }
     }
 }
+
+TEST_CASE("sluice-probe --sweep finds the knee at rate x latency behind a server with 8 workers, with a chart and JSON",
+          "[probe][sweep]") {
+    // 100 objects of 4 KiB behind a 50 ms first byte and at most 8 answered at once: the
+    // rate grows with requests in flight up to 8 / 50 ms = 160 objects/s, then stays.
+    dataset d({"--files", "100", "--records", "1", "--record-size", "4096", "--format", "raw", "--seed", "19"});
+    sluice_test::fault_server slow(d.dir.path().string(), {"--ttfb-ms", "50", "--max-concurrent", "8"});
+    const std::string chart = d.dir / "sweep.svg";
+    auto r = probe({"--sweep", "--sweep-seconds", "1", "--sweep-max", "64", "--json", "--chart", chart,
+                    slow.url("shard-{000000..000099}.bin")});
+    INFO(r.err << r.out);
+    REQUIRE(r.status == 0);
+    const auto k = json_u64(r.out, "in_flight");  // the first "in_flight": points[0]
+    REQUIRE(k == 1);
+    // The recommendation, and the figures behind it.
+    const auto rec = r.out.substr(r.out.find("\"recommended\""));
+    const auto knee = json_u64(rec, "in_flight");
+    CHECK(knee == 8);
+    const double latency = std::stod(*sluice_test::json_field(r.out, "latency_s"));
+    const double rate = std::stod(*sluice_test::json_field(rec, "objects_per_s"));
+    CHECK(latency > 0.045);
+    CHECK(latency < 0.2);
+    CHECK(rate > 100);  // 160 objects/s, less the server's own time
+    CHECK(rate < 175);
+    // Little's law from the sweep's own figures: the knee is where rate x latency says.
+    const double littles = std::stod(*sluice_test::json_field(r.out, "littles_law_in_flight"));
+    CHECK(littles > 0.7 * double(knee));
+    CHECK(littles < 1.3 * double(knee));
+    CHECK(r.err.find("recommended: --in-flight 8") != std::string::npos);
+    CHECK(r.err.find("more gives < 5 %") != std::string::npos);
+    CHECK(r.err.find("5500 GET/s") != std::string::npos);
+    // The chart is SVG that an XML parser reads, with one point per in-flight tried.
+    auto x = run({"/usr/bin/env", "python3", "-c",
+                  "import sys, xml.etree.ElementTree as E\n"
+                  "r = E.parse(sys.argv[1]).getroot(); n = '{http://www.w3.org/2000/svg}'\n"
+                  "assert r.tag == n + 'svg', r.tag\n"
+                  "print(len(r.findall(n + 'circle')), len(r.find(n + 'polyline').get('points').split()))",
+                  chart});
+    INFO(x.err);
+    REQUIRE(x.status == 0);
+    const auto points = std::count(r.out.begin(), r.out.end(), '{') - 3;  // the objects of "points" (less the outer, recommended and plan)
+    CHECK(x.out == std::to_string(points) + " " + std::to_string(points) + "\n");
+    CHECK(points >= 5);  // 1, 2, 4, 8, 16 at least: two doublings past the knee end it
+}

@@ -9,6 +9,8 @@ purpose, each fault drawn per request from a seeded generator:
   --pstall F     send part of the body, then stall for --stall-s seconds
   --ttfb-ms MS   wait this long before every answer's first byte (object-store latency)
   --no-ranges    ignore Range headers (answer 200 with the whole object)
+  --max-concurrent N  answer at most N requests at once (others wait their turn, as
+                 behind a server with N workers): the rate tops out at N / latency
   --flip NAME    the object NAME gets a new version (content and ETag) after its first
                  request has sent half of it
 Names starting with "forbidden" answer 403 (AccessDenied XML). GET /__stats answers
@@ -30,6 +32,7 @@ lock = threading.Lock()
 rng = None
 flipped = set()
 stats = {"requests": 0, "concurrent": 0, "concurrent_max": 0}
+workers = None  # --max-concurrent: a semaphore
 
 
 def draw():
@@ -84,6 +87,8 @@ class Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(body)
             return
+        if workers:
+            workers.acquire()
         with lock:
             stats["concurrent"] += 1
             stats["concurrent_max"] = max(stats["concurrent_max"], stats["concurrent"])
@@ -92,6 +97,8 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             with lock:
                 stats["concurrent"] -= 1
+            if workers:
+                workers.release()
 
     def answer(self, head):
         if args.ttfb_ms:
@@ -174,7 +181,7 @@ class Server(ThreadingHTTPServer):
 
 
 def main():
-    global args, rng
+    global args, rng, workers
     p = argparse.ArgumentParser()
     p.add_argument("root")
     p.add_argument("--p503", type=float, default=0)
@@ -186,7 +193,10 @@ def main():
     p.add_argument("--flip", default="")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--no-ranges", action="store_true")
+    p.add_argument("--max-concurrent", type=int, default=0)
     args = p.parse_args()
+    if args.max_concurrent > 0:
+        workers = threading.Semaphore(args.max_concurrent)
     rng = random.Random(args.seed)
     srv = Server(("127.0.0.1", 0), Handler)
     print("port %d" % srv.server_address[1], flush=True)
