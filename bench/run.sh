@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs each benchmark beside its peer, on the same data in the same run, and prints the
 # figures and ratios (one JSON object per line on stdout, a summary on stderr).
-#   bench/run.sh [channel|crc32c|local|formats|http|s3|memory|device|cache|images|trainers]...     (default: all)
+#   bench/run.sh [channel|crc32c|local|formats|http|s3|memory|device|cache|images|trainers|tune]...     (default: all)
 # Data goes to build-release/bench-data (made once: 2.1 GiB of lines; for formats also
 # 2.1 GiB each of tar and TFRecord and a gzip'd copy of the TFRecord set).
 set -euo pipefail
@@ -15,7 +15,7 @@ field() { grep -o "\"$1\": *[^,}]*" | head -1 | cut -d: -f2 | tr -d '" '; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
 now() { date +%s.%N; }
 what=("$@")
-[ ${#what[@]} -eq 0 ] && what=(channel crc32c local formats http s3 memory device cache images trainers)
+[ ${#what[@]} -eq 0 ] && what=(channel crc32c local formats http s3 memory device cache images trainers tune)
 
 data=$build/bench-data
 make_data() {
@@ -598,6 +598,54 @@ open(sys.argv[1] + "/sizes", "w").write("%d\n" % sum(sizes))' "$www/w"
     echo "{\"bench\":\"trainers\",\"sluice\":$best_s,\"dataloader\":$d,\"ratio\":$(ratio "$si" "$di")}"
     echo "trainers (small CNN, 64 x 64, batch 64, 300 steps): sluice-fed $si img/s ($(echo "$best_s" | field cpu_ms_per_image) CPU-ms/img, loss $(echo "$best_s" | field loss_first) -> $(echo "$best_s" | field loss_last)), DataLoader-fed $di img/s ($(echo "$d" | field cpu_ms_per_image) CPU-ms/img, loss $(echo "$d" | field loss_first) -> $(echo "$d" | field loss_last)): $(ratio "$si" "$di") x (goal >= 1.5)" >&2
     ;;
-  *) echo "unknown benchmark $w (channel, crc32c, local, formats, http, s3, memory, device, cache, images, trainers)" >&2; exit 2 ;;
+  tune)
+    # Issue 19: the tuned pipeline (--tune --memory 512 MiB, nothing set by hand) beside
+    # the best of a hand sweep of the knob it moves (requests in flight), in the same run,
+    # with its peak RSS and when it settled. Scenarios: small objects behind a 50 ms first
+    # byte (the fault server, 5 epochs of 2,000 x 100 KiB tar objects); one large object
+    # over nginx (1 GiB, parts of 8 MiB, up to 64 parts at once). The third scenario of the
+    # issue (local tar shards behind a CPU-heavy decode) is not run: the tuner does not
+    # move decode threads yet.
+    command -v nginx >/dev/null || { echo "tune bench needs nginx" >&2; exit 1; }
+    www=$data/http
+    if [ ! -f "$www/objects.json" ]; then
+      mkdir -p "$www"
+      truncate -s 1G "$www/big.bin"
+      "$build/examples/sluice-gen" "$www/o" --files 2000 --records 1 --record-size 102400 --format tar --seed 3 > "$www/objects.json"
+    fi
+    ngx=$(mktemp -d); port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    printf 'daemon off; worker_processes 1; %s pid %s/pid; error_log %s/error.log;\nevents { worker_connections 4096; }\nhttp { access_log off; sendfile on; keepalive_requests 1000000; client_body_temp_path %s; proxy_temp_path %s; fastcgi_temp_path %s; uwsgi_temp_path %s; scgi_temp_path %s;\n server { listen 127.0.0.1:%s; root %s; } }\n' \
+      "$([ "$(id -u)" = 0 ] && echo 'user root;')" "$ngx" "$ngx" "$ngx" "$ngx" "$ngx" "$ngx" "$ngx" "$port" "$(cd "$www" && pwd)" > "$ngx/nginx.conf"
+    nginx -p "$ngx" -c "$ngx/nginx.conf" -e "$ngx/error.log" & ngx_pid=$!
+    python3 tests/support/fault_server.py "$www" --ttfb-ms 50 > "$ngx/fault.out" 2>&1 & fault_pid=$!
+    trap 'kill $ngx_pid $fault_pid 2>/dev/null; wait $ngx_pid $fault_pid 2>/dev/null; rm -rf "$ngx"' EXIT
+    for i in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/big.bin" -r 0-0 && grep -q port "$ngx/fault.out" && break; sleep 0.1; done
+    fport=$(cut -d' ' -f2 < "$ngx/fault.out")
+    budget=$((512 << 20))
+    tune_row() {  # label, what the hand sweep varies, then the probe's arguments (the sources last)
+      local label=$1 values=$2; shift 2
+      local best=0 best_k="" o r k
+      for k in $values; do
+        o=$("$probe" --json --quiet --in-flight "$k" "$@")
+        r=$(echo "$o" | field bytes_per_s | awk '{ printf "%.1f", $1 / 1e6 }')
+        echo "  $label, $k in flight by hand: $r MB/s" >&2
+        if awk -v x="$r" -v y="$best" 'BEGIN { exit !(x > y) }'; then best=$r; best_k=$k; fi
+      done
+      o=$("$probe" --json --quiet --tune --memory "$budget" "$@")
+      r=$(echo "$o" | field bytes_per_s | awk '{ printf "%.1f", $1 / 1e6 }')
+      local chose settled rss
+      chose=$(echo "$o" | grep -o '"knob":"concurrency","value":[0-9]*' | grep -o '[0-9]*$')
+      settled=$(echo "$o" | grep -o '"seconds":[0-9.e+-]*,"stage":"fetch","knob":"concurrency","from":[0-9]*,"to":[0-9]*,"why":"settled' | head -1 | cut -d, -f1 | cut -d: -f2)
+      rss=$(echo "$o" | field peak_rss_bytes)
+      echo "{\"bench\":\"tune\",\"scenario\":\"$label\",\"hand_best_mb_per_s\":$best,\"hand_best_in_flight\":$best_k,\"tuned_mb_per_s\":$r,\"tuned_in_flight\":${chose:-0},\"settled_at_s\":${settled:-null},\"ratio\":$(ratio "$r" "$best"),\"peak_rss_bytes\":$rss,\"budget_bytes\":$budget}"
+      echo "$label: tuned $r MB/s (chose ${chose:-?} in flight, settled at ${settled:-never} s, peak RSS $rss of $budget), best by hand $best MB/s at $best_k: ratio $(ratio "$r" "$best") (goal >= 0.9)" >&2
+    }
+    tune_row "2,000 x 100 KiB behind a 50 ms first byte, 5 epochs" "8 16 32 64 128 256" \
+      --format tar --no-crc --batch 256 --epochs 5 "http://127.0.0.1:$fport/o/shard-{000000..001999}.tar"
+    tune_row "one 1 GiB object over nginx, 8 MiB parts" "1 2 4 8 16 32" \
+      --format chunks --parts-in-flight 64 "http://127.0.0.1:$port/big.bin"
+    kill $ngx_pid $fault_pid 2>/dev/null; wait $ngx_pid $fault_pid 2>/dev/null || true; rm -rf "$ngx"; trap - EXIT
+    ;;
+  *) echo "unknown benchmark $w (channel, crc32c, local, formats, http, s3, memory, device, cache, images, trainers, tune)" >&2; exit 2 ;;
   esac
 done

@@ -125,11 +125,18 @@ options:
   --no-crc               skip the per-record crc32 (measures the pipeline alone)
   --max-record-bytes N   the largest record (line, object, TFRecord...) a decoder holds;
                          a larger one is corrupt (default 1073741824)
+  --tune                 let the tuner move the settings it can while the run lasts
+                         (today: http(s)/s3 requests in flight, from 8 up to --in-flight,
+                         256 when not given); its changes and choices end the table
+  --memory BYTES         one memory budget for the run, divided among the channels,
+                         requests in flight (a quarter), the buffer pool (an eighth), tuned
+                         or not; 0: none (default)
   --sweep                measure throughput against requests in flight (1, 2, 4, ...;
                          files in flight for local paths) and, for objects of 4 MiB or
                          more, part size; print the recommended settings, the figures
                          behind them and what a target rate needs (shard size, S3
-                         prefixes at an assumed 5,500 GET/s each), then exit
+                         prefixes at an assumed 5,500 GET/s each), then exit (local
+                         files read again come from the page cache)
   --sweep-seconds S      time per sweep point (default 2)
   --sweep-max K          the most in flight tried (default 128)
   --target-rate BYTES    --sweep plans for this many bytes/s (default: the best measured)
@@ -183,7 +190,8 @@ struct options {
     bool crc = true;
     double progress = 1;
     std::string metrics_file, trace;
-    bool sweep = false;
+    bool sweep = false, tune = false, in_flight_given = false;
+    std::uint64_t memory = 0;
     double sweep_seconds = 2, target_rate = 0;
     unsigned sweep_max = 128;
     std::string chart;
@@ -302,6 +310,7 @@ options parse(int argc, char** argv) {
             o.map = true;
         } else if (a == "--in-flight") {
             o.in_flight = number<unsigned>(a, value());
+            o.in_flight_given = true;
             if (o.in_flight == 0) usage_error("--in-flight must be at least 1");
         } else if (a == "--min-in-flight") {
             o.min_in_flight = number<unsigned>(a, value());
@@ -349,6 +358,10 @@ options parse(int argc, char** argv) {
             if (o.max_record_bytes == 0) usage_error("--max-record-bytes must be at least 1");
         } else if (a == "--progress") {
             o.progress = number<double>(a, value());
+        } else if (a == "--tune") {
+            o.tune = true;
+        } else if (a == "--memory") {
+            o.memory = number<std::uint64_t>(a, value());
         } else if (a == "--sweep") {
             o.sweep = true;
         } else if (a == "--sweep-seconds") {
@@ -379,6 +392,7 @@ options parse(int argc, char** argv) {
         }
     }
     if (o.sources.empty()) usage_error("no SOURCE given");
+    if (o.tune && !o.in_flight_given) o.in_flight = 256;  // a ceiling: the tuner climbs from 8
     if (o.rank.has_value() != o.world.has_value()) usage_error("--rank and --world go together");
     if (o.world && (*o.world == 0 || *o.rank >= *o.world)) usage_error("--rank must be below --world");
     if (o.pinned && o.device) usage_error("--pinned is the host sink; --device collates into pinned memory itself");
@@ -430,6 +444,7 @@ void finish_report(sluice::detail::json_writer& w, const sluice::pipeline_figure
     w.key("bottleneck").value(f.bottleneck());
     w.key("stages");
     f.write_stages(w);
+    f.write_tuning(w);
     w.end_object();
     std::cout << w.str() << std::endl;
 }
@@ -437,6 +452,8 @@ void finish_report(sluice::detail::json_writer& w, const sluice::pipeline_figure
 // --metrics-file, --metrics-port, --trace.
 sluice::pipeline_options exports(const options& o, sluice::pipeline_options po) {
     po.metrics = {.file = o.metrics_file, .port = o.metrics_port};
+    po.tune = o.tune;
+    po.memory = o.memory;
     po.trace = o.trace;
     return po;
 }
@@ -786,7 +803,7 @@ int main(int argc, char** argv) {
     // per reader, the batch being built and the batch the consumer holds; freed buffers
     // wait in the runtime's pool for reuse (not counted: they are memory that was in use a
     // moment before).
-    const std::uint64_t budget_bytes = (o.format == "raw" ? 3ull : 4ull) * o.channel_bytes;
+    const std::uint64_t budget_bytes = o.memory ? o.memory : (o.format == "raw" ? 3ull : 4ull) * o.channel_bytes;
 
     sluice::pipeline_options popts = exports(o, {.runtime = {.cpu_threads = o.threads}});
     if (!o.resume.empty()) {

@@ -3,6 +3,7 @@
 #include "support/test_support.hpp"
 
 #include <fstream>
+#include <regex>
 #include <sstream>
 
 using sluice_test::json_u64;
@@ -308,7 +309,7 @@ TEST_CASE("sluice-probe --sweep finds the knee at rate x latency behind a server
     // The recommendation, and the figures behind it.
     const auto rec = r.out.substr(r.out.find("\"recommended\""));
     const auto knee = json_u64(rec, "in_flight");
-    CHECK(knee == 8);
+    CHECK((knee == 8 || knee == 16));  // 16 when the client's and server's own time per request passes 5 %
     const double latency = std::stod(*sluice_test::json_field(r.out, "latency_s"));
     const double rate = std::stod(*sluice_test::json_field(rec, "objects_per_s"));
     CHECK(latency > 0.045);
@@ -319,7 +320,7 @@ TEST_CASE("sluice-probe --sweep finds the knee at rate x latency behind a server
     const double littles = std::stod(*sluice_test::json_field(r.out, "littles_law_in_flight"));
     CHECK(littles > 0.7 * double(knee));
     CHECK(littles < 1.3 * double(knee));
-    CHECK(r.err.find("recommended: --in-flight 8") != std::string::npos);
+    CHECK(r.err.find("recommended: --in-flight " + std::to_string(knee)) != std::string::npos);
     CHECK(r.err.find("more gives < 5 %") != std::string::npos);
     CHECK(r.err.find("5500 GET/s") != std::string::npos);
     // The chart is SVG that an XML parser reads, with one point per in-flight tried.
@@ -334,4 +335,112 @@ TEST_CASE("sluice-probe --sweep finds the knee at rate x latency behind a server
     const auto points = std::count(r.out.begin(), r.out.end(), '{') - 3;  // the objects of "points" (less the outer, recommended and plan)
     CHECK(x.out == std::to_string(points) + " " + std::to_string(points) + "\n");
     CHECK(points >= 5);  // 1, 2, 4, 8, 16 at least: two doublings past the knee end it
+}
+
+namespace {
+// The tuner's choice for fetch.concurrency in a probe's JSON, and whether it settled.
+std::pair<std::uint64_t, bool> tuned_in_flight(const std::string& json) {
+    std::smatch m;
+    const std::regex re(R"re("stage":"fetch","knob":"concurrency","value":([0-9]+),"settled":(true|false))re");
+    REQUIRE(std::regex_search(json, m, re));
+    return {std::stoull(m[1].str()), m[2].str() == "true"};
+}
+}  // namespace
+
+TEST_CASE("sluice-probe --tune climbs fetch's requests in flight to the knee behind a server with 16 workers, logs every change, "
+          "and leaves the order as it was",
+          "[probe][tune]") {
+    // 200 objects of 4 KiB, 50 ms first byte, 16 answered at once: 320 objects/s at 16 in
+    // flight and no more beyond. The tuner starts at 8 and doubles while it pays.
+    dataset d({"--files", "200", "--records", "1", "--record-size", "4096", "--format", "raw", "--seed", "23"});
+    sluice_test::fault_server slow(d.dir.path().string(), {"--ttfb-ms", "50", "--max-concurrent", "16"});
+    const std::string urls = slow.url("shard-{000000..000199}.bin");
+    const std::string tuned_keys = d.dir / "tuned.keys", plain_keys = d.dir / "plain.keys";
+    auto r = probe({"--format", "raw", "--tune", "--ordered", "--epochs", "8", "--seed", "5", "--json", "--emit-keys",
+                    tuned_keys, urls});
+    INFO(r.err << r.out);
+    REQUIRE(r.status == 0);
+    REQUIRE(json_u64(r.out, "records") == 1600);
+    const auto [k, settled] = tuned_in_flight(r.out);
+    CHECK(settled);
+    CHECK(k >= 16);  // the knee
+    CHECK(k <= 64);  // at most two doublings past it (a noisy window can pay 5 %)
+    // Every change is logged: what, from -> to, why; the first starts it low.
+    CHECK(r.err.find("tuner    0.00s fetch.concurrency 256 -> 8: start low") != std::string::npos);
+    CHECK(r.err.find("fetch.concurrency 8 -> 16: rate") != std::string::npos);
+    CHECK(r.err.find("settled:") != std::string::npos);
+    CHECK(r.err.find("tuned settings (pin them to skip the climb): fetch.concurrency = " + std::to_string(k)) !=
+          std::string::npos);
+    // The same run untuned, at a fixed 16: the same records in the same order.
+    auto p = probe({"--format", "raw", "--in-flight", "16", "--ordered", "--epochs", "8", "--seed", "5", "--json",
+                    "--emit-keys", plain_keys, urls});
+    INFO(p.err);
+    REQUIRE(p.status == 0);
+    const auto a = sluice_test::slurp_file(tuned_keys), b = sluice_test::slurp_file(plain_keys);
+    REQUIRE(std::count(a.begin(), a.end(), '\n') == 1600);
+    CHECK(a == b);
+    CHECK(json_u64(r.out, "crc_sum") == json_u64(p.out, "crc_sum"));
+}
+
+TEST_CASE("sluice-probe --tune does not raise requests in flight while the server throttles, and loses nothing", "[probe][tune]") {
+    dataset d({"--files", "150", "--records", "1", "--record-size", "4096", "--format", "raw", "--seed", "29"});
+    sluice_test::fault_server throttling(d.dir.path().string(), {"--ttfb-ms", "20", "--p503", "0.2", "--seed", "4"});
+    auto r = probe({"--format", "raw", "--tune", "--epochs", "6", "--retries", "30", "--json",
+                    throttling.url("shard-{000000..000149}.bin")});
+    INFO(r.err << r.out);
+    REQUIRE(r.status == 0);
+    REQUIRE(json_u64(r.out, "records") == 900);
+    CHECK(json_u64(r.out, "crc_sum") == 6 * json_u64(d.summary, "crc_sum"));
+    const auto [k, settled] = tuned_in_flight(r.out);
+    CHECK(settled);
+    CHECK(k <= 16);  // at most one doubling before the first 503 is seen
+    CHECK(r.err.find("settled: the source throttles (503/429)") != std::string::npos);
+}
+
+TEST_CASE("sluice-probe --memory caps what the tuner may spend on requests in flight", "[probe][tune]") {
+    dataset d({"--files", "100", "--records", "1", "--record-size", "4096", "--format", "raw", "--seed", "31"});
+    sluice_test::fault_server slow(d.dir.path().string(), {"--ttfb-ms", "30"});
+    // A quarter of 48 MiB at 3 x 1 MiB chunks a request: at most 4 in flight.
+    auto r = probe({"--format", "raw", "--tune", "--memory", std::to_string(48u << 20), "--epochs", "4", "--json",
+                    slow.url("shard-{000000..000099}.bin")});
+    INFO(r.err << r.out);
+    REQUIRE(r.status == 0);
+    REQUIRE(json_u64(r.out, "records") == 400);
+    const auto [k, settled] = tuned_in_flight(r.out);
+    CHECK(k == 4);
+    CHECK(settled);
+    CHECK(r.err.find("budget: fetch.concurrency <= 4 x 3145728 bytes: 12582912 bytes") != std::string::npos);
+    CHECK(r.err.find("settled: at its ceiling") != std::string::npos);
+}
+
+TEST_CASE("sluice-probe --memory divides one budget among the channels, and peak RSS stays within it plus 64 MiB", "[probe][memory]") {
+    // 8 files of 400 records of 100 KiB (313 MB): far more than the budget. Each channel
+    // holds 64 MiB by default; a 48 MiB budget gives each of them a share.
+    dataset d({"--files", "8", "--records", "400", "--record-size", "102400", "--seed", "37"});
+    const std::uint64_t budget = 48u << 20;
+    auto peak = [&](std::vector<std::string> extra) {
+        std::vector<std::string> args{"--json", "--quiet", "--batch", "64"};
+        args.insert(args.end(), extra.begin(), extra.end());
+        args.push_back(d.glob());
+        auto r = probe(args);
+        INFO(r.err << r.out);
+        REQUIRE(r.status == 0);
+        REQUIRE(json_u64(r.out, "records") == 3200);
+        REQUIRE(json_u64(r.out, "crc_sum") == json_u64(d.summary, "crc_sum"));
+        return std::pair{json_u64(r.out, "peak_rss_bytes"), r.out};
+    };
+    const auto [unbounded, plain] = peak({});
+    const auto [bounded, out] = peak({"--memory", std::to_string(budget)});
+    const auto [bounded_pread, out2] = peak({"--memory", std::to_string(budget), "--no-mmap"});
+    INFO("peak RSS: " << unbounded << " without a budget, " << bounded << " and " << bounded_pread << " with "
+                      << budget);
+    // The constant: the process itself (code and libraries, about 22 MB), the batch being
+    // collated and the one the consumer holds (6.4 MB each here), a chunk in each stage.
+    CHECK(bounded <= budget + (64u << 20));
+    CHECK(bounded_pread <= budget + (64u << 20));
+    CHECK(unbounded > bounded + (32u << 20));  // the budget is what bounds it
+    // The division is in the figures.
+    CHECK(out.find(R"("budget":[{"what":"memory budget","bytes":)" + std::to_string(budget) + "}") != std::string::npos);
+    CHECK(out.find("\"what\":\"each of ") != std::string::npos);
+    CHECK(plain.find("\"budget\"") == std::string::npos);
 }

@@ -14,6 +14,7 @@
 #include <sluice/core/channel.hpp>
 #include <sluice/core/detail/metrics_export.hpp>
 #include <sluice/core/detail/trace.hpp>
+#include <sluice/core/detail/tuning.hpp>
 #include <sluice/core/runtime.hpp>
 #include <sluice/core/stage.hpp>
 #include <sluice/core/stats.hpp>
@@ -60,14 +61,26 @@ struct pipeline_options {
     /// A state written by pipeline::state(): the pipeline yields exactly what the saved
     /// one had left to yield (core/state.hpp). Empty: start from the beginning.
     std::string resume = {};
+    /// Let the tuner move the settings stages offer it while the pipeline runs, toward the
+    /// highest delivered rate (core/detail/tuning.hpp): today fetch's requests in flight,
+    /// between its `.min_concurrency` and its `.concurrency` (the ceiling). Every change is
+    /// in figures().tuning, the settings it chose in figures().tuned (pin them in a later
+    /// run). Changes how fast, never what or in which order.
+    bool tune = false;
+    /// One memory budget for the pipeline, in bytes (0: none, each stage's own limits):
+    /// divided at the start among the buffer pool's cache, fetch's requests in flight (a
+    /// request holds up to three chunks), what stages hold whatever it says (a shuffle's
+    /// max_bytes) and every channel's byte budget; tuned or not. See the README's "One
+    /// memory budget, and the tuner"; figures().budget shows the division.
+    std::uint64_t memory = 0;
     /// Prometheus text export of the live figures (see metrics_options).
     metrics_options metrics = {};
     /// A Chrome trace of the run, written to this file when the pipeline stops: one
     /// track per worker and one for the consumer, each in busy / waiting-for-input /
-    /// waiting-for-room spans (open in ui.perfetto.dev or chrome://tracing). Each worker
-    /// keeps at most 65,536 waits (1.5 MiB); later ones are counted in the trace's
-    /// otherData.dropped_spans. The file is created at the start (a path that cannot be
-    /// written fails it); a failure to write it at the stop is said on stderr.
+    /// waiting-for-room spans (open in ui.perfetto.dev or chrome://tracing). The pipeline
+    /// keeps at most 262,144 waits (6 MiB), shared by its workers (at most 65,536 each);
+    /// later ones are counted in the trace's otherData.dropped_spans. A path that cannot
+    /// be written fails the start; a failure to write it at the stop is said on stderr.
     std::string trace = {};
 };
 
@@ -163,6 +176,14 @@ public:
             stopped_ = true;
         }
         if (!r) return;
+        if (r->tuner.joinable()) {  // first: a cancelled pipeline's rates mean nothing
+            {
+                std::lock_guard lock(r->progress_m);
+                r->tuner_stop = true;
+            }
+            r->progress_cv.notify_all();
+            r->tuner.join();
+        }
         r->env.cancel_all();
         // A next_blocking() on another thread may still be returning (it wakes at once).
         while (readers_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
@@ -183,10 +204,11 @@ public:
         last_run_ = r->env.run;  // state() still answers after stop()
     }
 
-    /// The port serving the live figures (metrics_options::port), once started; -1: none.
+    /// The port serving the live figures (metrics_options::port); starts the pipeline if it
+    /// has not started. -1: none, or the pipeline has stopped (the port closed with it).
     int metrics_port() {
-        start();
         std::lock_guard lock(m_);
+        if (!run_ && !stopped_) start_locked();  // never restarts a stopped pipeline
         return run_ && run_->metrics ? run_->metrics->port() : -1;
     }
 
@@ -286,23 +308,31 @@ private:
         std::function<std::string()> last_wait_check;  // the last stage's (see stage_setup)
         std::uint64_t start_ns = 0;
         std::unique_ptr<detail::metrics_exporter> metrics;  // stopped before the runtime goes
+        std::vector<detail::knob> knobs;                     // what the stages offer the tuner
+        std::uint64_t fixed_bytes = 0;                       // what stages hold whatever the budget
+        std::vector<std::pair<std::string, std::uint64_t>> budget;  // its division, for the figures
+        std::unique_ptr<detail::hill_climb> climb;           // under climb_m
+        mutable std::mutex climb_m;
+        std::thread tuner;
         std::thread progress;
         std::mutex progress_m;
         std::condition_variable progress_cv;
         bool progress_stop = false;
+        bool tuner_stop = false;  // under progress_m, like progress_stop
         ~running() {
             // stop() joins before destruction; this is the path for a pipeline that was
             // never stopped explicitly and is torn down by an exception in start.
             metrics.reset();
             env.cancel_all();
             env.wait_idle();
-            if (progress.joinable()) {
+            if (progress.joinable() || tuner.joinable()) {
                 {
                     std::lock_guard lock(progress_m);
                     progress_stop = true;
                 }
                 progress_cv.notify_all();
-                progress.join();
+                if (progress.joinable()) progress.join();
+                if (tuner.joinable()) tuner.join();
             }
             rt->join();
             env.destroy_parked();
@@ -365,8 +395,42 @@ private:
         }
     }
 
+    // The memory budget (pipeline_options::memory), divided before anything runs: an
+    // eighth to the buffer pool's cache (set with the runtime), what stages hold whatever
+    // the budget says (a shuffle's max_bytes) first, a quarter shared by the settings whose
+    // units hold memory (fetch's requests in flight, capped), and the rest in equal shares
+    // to every channel's byte budget (a channel's own smaller budget stays). Floors (1 MiB
+    // a channel, a setting's minimum) can overshoot a tiny budget: the figures say so.
+    void divide_budget(running& r, std::vector<channel_limits>& limits) const {
+        const std::uint64_t M = opts_.memory;
+        auto add = [](std::uint64_t a, std::uint64_t b) { return a > ~std::uint64_t{0} - b ? ~std::uint64_t{0} : a + b; };
+        auto& b = r.budget;
+        b.push_back({"memory budget", M});
+        const std::uint64_t pool = std::min<std::uint64_t>(opts_.runtime.pool_cache_bytes, M / 8);
+        b.push_back({"buffer pool cache", pool});
+        std::uint64_t spent = add(pool, r.fixed_bytes);
+        if (r.fixed_bytes) b.push_back({"held by stages whatever the budget (a shuffle's max_bytes)", r.fixed_bytes});
+        detail::memory_caps(r.knobs, M);
+        for (auto& k : r.knobs) {
+            if (!k.bytes_each) continue;
+            if (k.get() > k.max) k.set(k.max);
+            const std::uint64_t bytes = std::uint64_t{k.max} * k.bytes_each;
+            spent = add(spent, bytes);
+            b.push_back({k.stage + "." + k.name + " <= " + std::to_string(k.max) + " x " + std::to_string(k.bytes_each) + " bytes",
+                         bytes});
+        }
+        const std::uint64_t left = M > spent ? M - spent : 0;
+        const std::uint64_t share = std::max<std::uint64_t>(std::uint64_t{1} << 20, left / std::max<std::size_t>(1, limits.size()));
+        for (auto& l : limits) l.bytes = l.bytes ? std::min<std::uint64_t>(l.bytes, share) : share;
+        b.push_back({"each of " + std::to_string(limits.size()) + " channels", share});
+        spent = add(spent, share * limits.size());
+        if (spent > M) b.push_back({"OVER the budget by (its floors: 1 MiB a channel, a setting's minimum, a shuffle's max_bytes)", spent - M});
+    }
+
     void start_locked() {
-        auto r = std::make_unique<running>(opts_.runtime);
+        auto ro = opts_.runtime;
+        if (opts_.memory) ro.pool_cache_bytes = std::min<std::size_t>(ro.pool_cache_bytes, opts_.memory / 8);
+        auto r = std::make_unique<running>(ro);
         if (!opts_.resume.empty()) r->env.run = std::make_shared<detail::run_state>(opts_.resume);
         r->start_ns = detail::now_ns();
         consumer_.start_ns.store(r->start_ns, std::memory_order_relaxed);
@@ -380,6 +444,8 @@ private:
             stage_setup s{*r->rt};
             s.internal.upstream_memory = i ? &memory[i - 1] : nullptr;
             s.internal.run = r->env.run.get();
+            if (opts_.tune || opts_.memory) s.internal.knobs = &r->knobs;
+            if (opts_.memory) s.internal.fixed_bytes = &r->fixed_bytes;
             links[i]->setup(s);
             if (i + 1 == links.size()) r->last_wait_check = std::move(s.internal.consumer_wait_check);
             r->env.keep.push_back(s.internal.state);  // before its on_stop can run: ~running cancels
@@ -387,20 +453,36 @@ private:
             for (auto& f : s.on_stop) r->env.cancellers.push_back(std::move(f));
         }
         r->env.run->check_noted();
+        std::vector<channel_limits> limits;
+        for (auto& l : links) limits.push_back(l->opts.out);
+        if (opts_.memory) divide_budget(*r, limits);
+        if (opts_.tune && !r->knobs.empty()) {
+            r->climb = std::make_unique<detail::hill_climb>(r->knobs, opts_.memory);
+            r->climb->begin(0);
+        }
         void* prev = nullptr;
         const bool traced = !opts_.trace.empty();
-        if (traced) {  // a path that cannot be written fails the start, not the end
-            std::FILE* f = std::fopen(opts_.trace.c_str(), "w");
+        std::size_t spans_each = detail::span_log::default_max;
+        if (traced) {  // a path that cannot be written fails the start, not the end (an old trace stays)
+            const std::string tmp = opts_.trace + ".tmp";
+            std::FILE* f = std::fopen(tmp.c_str(), "w");
             if (!f)
-                throw error("sluice: trace file " + opts_.trace + ": " + std::strerror(errno), {errno, std::generic_category()});
+                throw error("sluice: trace file " + opts_.trace + " (writing " + tmp + "): " + std::strerror(errno),
+                            {errno, std::generic_category()});
             std::fclose(f);
-            consumer_.spans = std::make_unique<detail::span_log>();
+            std::remove(tmp.c_str());
+            // At most 262,144 spans (6 MiB) for the whole pipeline, shared by its workers.
+            std::size_t workers = 1;
+            for (auto& l : links) workers += std::max(1u, l->opts.concurrency);
+            spans_each = std::clamp<std::size_t>(detail::span_log::pipeline_max / workers, 256, detail::span_log::default_max);
+            consumer_.spans = std::make_unique<detail::span_log>(spans_each);
         }
-        for (auto& l : links) {
-            auto out = l->make_output();
+        for (std::size_t i = 0; i < links.size(); ++i) {
+            auto& l = links[i];
+            auto out = l->make_output(limits[i]);
             r->env.cancellers.push_back(l->canceller(out));
             r->stats.push_back(std::make_unique<stage_stats>(l->name, std::max(1u, l->opts.concurrency),
-                                                             l->counts_records, traced));
+                                                             l->counts_records, traced, spans_each));
             r->channels.push_back(out);
         }
         for (std::size_t i = 0; i < src_.links().size(); ++i) {
@@ -413,6 +495,17 @@ private:
             r->metrics = std::make_unique<detail::metrics_exporter>(
                 opts_.metrics.file, opts_.metrics.port, opts_.metrics.interval,
                 [this, rp = r.get()] { return figures_of(*rp).prometheus(); });
+        if (r->climb) {
+            r->tuner = std::thread([this, rp = r.get()] {
+                std::unique_lock lock(rp->progress_m);
+                while (!rp->progress_cv.wait_for(lock, std::chrono::milliseconds(500),
+                                                 [&] { return rp->progress_stop || rp->tuner_stop; })) {
+                    auto f = figures_of(*rp);
+                    std::lock_guard climbing(rp->climb_m);
+                    rp->climb->step(f, f.seconds);
+                }
+            });
+        }
         if (opts_.progress.count() > 0) {
             r->progress = std::thread([this, rp = r.get()] {
                 std::unique_lock lock(rp->progress_m);
@@ -480,6 +573,12 @@ private:
         c.wait_input_s = double(consumer_.wait_in_ns.load(std::memory_order_relaxed)) * 1e-9;
         c.busy_s = double(consumer_.wait_out_ns.load(std::memory_order_relaxed)) * 1e-9;
         f.stages.push_back(std::move(c));
+        f.budget = r.budget;
+        if (r.climb) {
+            std::lock_guard lock(r.climb_m);
+            f.tuning = r.climb->log();
+            f.tuned = r.climb->settings();
+        }
         return f;
     }
 

@@ -193,6 +193,7 @@ struct context_internal {
     run_state* run = nullptr;
 };
 /// The library's plumbing in a stage's setup.
+struct knob;  // core/detail/tuning.hpp
 struct setup_internal {
     /// The memory the previous stage should allocate its outputs from (null for the
     /// first stage); a setup may set it (to_device asks for its engine's staging memory).
@@ -206,6 +207,13 @@ struct setup_internal {
     std::function<std::string()> consumer_wait_check = nullptr;
     /// What the setup returned (see make_stage).
     std::shared_ptr<void> state;
+    /// Where a stage offers settings to the tuner (pipeline_options::tune); null when the
+    /// pipeline is not tuned.
+    std::vector<knob>* knobs = nullptr;
+    /// Where a stage adds the bytes it holds whatever the memory budget says (a shuffle's
+    /// max_bytes: its buffer decides the order, so the budget cannot shrink it); null
+    /// without a budget.
+    std::uint64_t* fixed_bytes = nullptr;
 };
 }  // namespace detail
 
@@ -319,7 +327,8 @@ struct link {
     stage_options opts;
     bool counts_records = false;
     virtual ~link() = default;
-    virtual std::shared_ptr<void> make_output() const = 0;
+    /// Its output channel, with `limits` (the stage's `.out`, or the memory budget's share).
+    virtual std::shared_ptr<void> make_output(channel_limits limits) const = 0;
     virtual std::function<void()> canceller(const std::shared_ptr<void>& out) const = 0;
     /// Optional; see stage_setup.
     std::function<void(stage_setup&)> setup;
@@ -332,8 +341,8 @@ struct link_impl final : link {
     using body_fn = std::function<task<void>(stage_context<In, Out>&)>;
     body_fn body;
 
-    std::shared_ptr<void> make_output() const override {
-        return std::make_shared<channel<Out>>(opts.out);
+    std::shared_ptr<void> make_output(channel_limits limits) const override {
+        return std::make_shared<channel<Out>>(limits);
     }
     std::function<void()> canceller(const std::shared_ptr<void>& out) const override {
         return [ch = static_cast<channel<Out>*>(out.get())] { ch->cancel(); };

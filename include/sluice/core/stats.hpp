@@ -52,11 +52,12 @@ struct worker_counters {
 class stage_stats {
 public:
     /// `traced`: each worker also keeps its waits one by one (for a Chrome trace).
-    stage_stats(std::string name, unsigned workers, bool counts_records, bool traced = false)
+    stage_stats(std::string name, unsigned workers, bool counts_records, bool traced = false,
+                std::size_t max_spans = detail::span_log::default_max)
         : name_(std::move(name)), counts_records_(counts_records) {
         for (unsigned i = 0; i < workers; ++i) {
             workers_.push_back(std::make_unique<worker_counters>());
-            if (traced) workers_.back()->spans = std::make_unique<detail::span_log>();
+            if (traced) workers_.back()->spans = std::make_unique<detail::span_log>(max_spans);
         }
     }
     const std::string& name() const noexcept { return name_; }
@@ -151,6 +152,21 @@ inline stage_figures snapshot(const stage_stats& s, std::uint64_t now_ns) {
     return f;
 }
 
+/// One move of the tuner (pipeline_options::tune): `stage`'s `knob` went `from` -> `to`
+/// at `seconds`, and why (from == to: it settled there).
+struct tuning_change {
+    double seconds = 0;
+    std::string stage, knob;
+    unsigned from = 0, to = 0;
+    std::string why;
+};
+/// A setting the tuner chose, to pin in a later run's options.
+struct tuned_setting {
+    std::string stage, knob;
+    unsigned value = 0;
+    bool settled = false;
+};
+
 /// Figures for a whole pipeline: every stage in order, then the consumer.
 struct pipeline_figures {
     double seconds = 0;
@@ -158,6 +174,11 @@ struct pipeline_figures {
     /// busy time. The loop only waits for readiness, so this is a small share of `seconds`.
     double io_loop_cpu_s = 0;
     std::vector<stage_figures> stages;  // the last one is "consumer"
+    /// With pipeline_options::tune: every change the tuner made, and its settings now.
+    std::vector<tuning_change> tuning;
+    std::vector<tuned_setting> tuned;
+    /// With pipeline_options::memory: how the budget was divided (what, bytes).
+    std::vector<std::pair<std::string, std::uint64_t>> budget;
 
     /// The stage that limits throughput: the one whose workers spent the most time
     /// working (busy seconds per worker). A stage that finished early (list, plan) or
@@ -204,7 +225,7 @@ struct pipeline_figures {
         };
         auto num = [](double v) {
             char buf[64];
-            std::snprintf(buf, sizeof buf, "%.9g", v);
+            std::snprintf(buf, sizeof buf, "%.17g", v);  // exact for counts below 2^53
             return std::string(buf);
         };
         auto family = [&](const char* name, const char* type, const char* help) {
@@ -254,6 +275,12 @@ struct pipeline_figures {
         for (std::size_t i = 0; i < stages.size(); ++i)
             for (auto& [n, v] : stages[i].counters)
                 out += "sluice_stage_counter{" + labels(i) + ",name=\"" + label(n) + "\"} " + std::to_string(v) + "\n";
+        if (!tuned.empty()) {
+            family("sluice_tuned_setting", "gauge", "A setting the tuner moves, now.");
+            for (auto& t : tuned)
+                out += "sluice_tuned_setting{stage=\"" + label(t.stage) + "\",knob=\"" + label(t.knob) + "\"} " +
+                       std::to_string(t.value) + "\n";
+        }
         family("sluice_stage_note", "gauge", "A stage's named fact in words, as a label (always 1).");
         for (std::size_t i = 0; i < stages.size(); ++i)
             for (auto& [n, v] : stages[i].notes)
@@ -306,10 +333,22 @@ struct pipeline_figures {
             for (auto& [n, v] : s.notes) out += "    " + n + ": " + v + "\n";
         }
         out += "bottleneck: " + bottleneck() + "\n";
+        for (auto& [what, bytes] : budget) out += "budget: " + what + ": " + std::to_string(bytes) + " bytes\n";
+        for (auto& c : tuning) {
+            std::snprintf(buf, sizeof buf, "tuner %7.2fs %s.%s %u -> %u: ", c.seconds, c.stage.c_str(), c.knob.c_str(),
+                          c.from, c.to);
+            out += buf + c.why + "\n";
+        }
+        if (!tuned.empty()) {
+            out += "tuned settings (pin them to skip the climb):";
+            for (auto& t : tuned)
+                out += " " + t.stage + "." + t.knob + " = " + std::to_string(t.value) + (t.settled ? "" : " (still climbing)");
+            out += "\n";
+        }
         if (!stages.empty() && stages.back().name == "consumer" && seconds > 0) {
             std::snprintf(buf, sizeof buf, "the consumer waited %.0f%% of %.2f s", 100 * consumer_wait_share(), seconds);
             out += buf;
-            if (auto h = held_back_by(); !h.empty()) out += "; held back most by: " + h;
+            if (auto h = held_back_by(); !h.empty() && consumer_wait_share() >= 0.01) out += "; held back most by: " + h;
             out += "\n";
         }
         return out;
@@ -326,8 +365,46 @@ struct pipeline_figures {
         w.key("held_back_by").value(held_back_by());
         w.key("stages");
         write_stages(w);
+        write_tuning(w);
         w.end_object();
         return w.str();
+    }
+    /// "tuning" (every change) and "tuned" (the settings now), when the pipeline is tuned.
+    void write_tuning(detail::json_writer& w) const {
+        if (!budget.empty()) {
+            w.key("budget").begin_array();
+            for (auto& [what, bytes] : budget) {
+                w.begin_object();
+                w.key("what").value(what);
+                w.key("bytes").value(bytes);
+                w.end_object();
+            }
+            w.end_array();
+        }
+        if (!tuned.empty() || !tuning.empty()) {
+            w.key("tuning").begin_array();
+            for (auto& c : tuning) {
+                w.begin_object();
+                w.key("seconds").value(c.seconds);
+                w.key("stage").value(c.stage);
+                w.key("knob").value(c.knob);
+                w.key("from").value(c.from);
+                w.key("to").value(c.to);
+                w.key("why").value(c.why);
+                w.end_object();
+            }
+            w.end_array();
+            w.key("tuned").begin_array();
+            for (auto& t : tuned) {
+                w.begin_object();
+                w.key("stage").value(t.stage);
+                w.key("knob").value(t.knob);
+                w.key("value").value(t.value);
+                w.key("settled").value(t.settled);
+                w.end_object();
+            }
+            w.end_array();
+        }
     }
     void write_stages(detail::json_writer& w) const {
         w.begin_array();

@@ -61,7 +61,8 @@ struct fetch_options {
 namespace detail {
 /// What one run of a fetch stage shares among its workers (made by its setup).
 struct fetch_run;
-inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o);
+struct knob;
+inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o, std::vector<knob>* knobs = nullptr);
 /// One worker of a fetch stage: its objects' requests, retries, parts and cache copies
 /// (io/impl/fetch.hpp).
 template <class = void>  // a coroutine: compiled only where used (see make_stage)
@@ -86,7 +87,7 @@ template <class = void>  // compiled only where used (see make_stage)
 stage<shard, chunk> fetch(fetch_options o = {}) {
     return make_stage<shard, chunk>(
         "fetch", {.concurrency = std::max(1u, o.concurrency), .order = o.order, .on = pool::io, .out = o.out},
-        [o](stage_setup&) { return detail::make_fetch_run(o); },
+        [o](stage_setup& s) { return detail::make_fetch_run(o, s.internal.knobs); },
         [o](stage_context<shard, chunk>& ctx, detail::fetch_run& run) { return detail::fetch_worker(ctx, run, o); });
 }
 

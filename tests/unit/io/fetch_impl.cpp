@@ -15,3 +15,34 @@ TEST_CASE("a fetch run's shared state: the request limit from .concurrency, a ca
     auto cached = sluice::detail::make_fetch_run({.cache = {.dir = (d / "cache")}});
     CHECK(cached->cache != nullptr);
 }
+
+TEST_CASE("a tuned fetch offers its requests in flight as a knob between its floor and its workers", "[fetch][tune]") {
+    std::vector<sluice::detail::knob> knobs;
+    auto run = sluice::detail::make_fetch_run({.concurrency = 48, .min_concurrency = 3, .chunk_size = 1u << 20}, &knobs);
+    REQUIRE(knobs.size() == 1);
+    auto& k = knobs[0];
+    CHECK(k.stage == "fetch");
+    CHECK(k.name == "concurrency");
+    CHECK(k.min == 3);
+    CHECK(k.max == 48);
+    CHECK(k.start == 8);
+    CHECK(k.bytes_each == 3u << 20);
+    CHECK(k.get() == 48);
+    k.set(16);  // the ceiling AIMD stays under
+    CHECK(k.get() == 16);
+    CHECK(run->limit->limit() == 16);
+    k.set(32);  // raised: the limit goes up with it at once
+    CHECK(run->limit->limit() == 32);
+    std::uint64_t seq = 0;  // a 503: AIMD halves below the ceiling
+    REQUIRE(run->limit->try_acquire(&seq));
+    run->limit->release(seq, false, true);
+    CHECK(run->limit->limit() == 16);
+    k.set(24);  // a lower ceiling above the backed-off limit leaves it backed off
+    CHECK(run->limit->limit() == 16);
+    CHECK(k.get() == 24);
+    REQUIRE(k.pressure == &run->throttled);
+    // Untuned (no knobs asked) and single-request stages offer nothing.
+    std::vector<sluice::detail::knob> none;
+    sluice::detail::make_fetch_run({.concurrency = 1}, &none);
+    CHECK(none.empty());
+}

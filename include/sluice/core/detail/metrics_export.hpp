@@ -97,12 +97,12 @@ private:
     std::string write_file(const std::string& text) const {
         const std::string tmp = file_ + ".tmp";
         std::FILE* f = std::fopen(tmp.c_str(), "w");
-        if (!f) return "sluice: metrics file " + tmp + ": " + std::strerror(errno);
+        if (!f) return "sluice: metrics file " + file_ + " (writing " + tmp + "): " + std::strerror(errno);
         const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
         const int e = errno;
         if (std::fclose(f) != 0 || !ok) {
             std::remove(tmp.c_str());
-            return "sluice: metrics file " + tmp + ": " + std::strerror(ok ? errno : e);
+            return "sluice: metrics file " + file_ + " (writing " + tmp + "): " + std::strerror(ok ? errno : e);
         }
         if (std::rename(tmp.c_str(), file_.c_str()) != 0) {
             const int r = errno;

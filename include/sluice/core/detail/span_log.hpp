@@ -22,6 +22,8 @@ public:
     };
     /// 65,536 spans (1.5 MiB) per worker at most: a minute of waits at 1,000 per second.
     static constexpr std::size_t default_max = 65536;
+    /// 262,144 spans (6 MiB) for a whole pipeline, shared by its workers.
+    static constexpr std::size_t pipeline_max = 262144;
     explicit span_log(std::size_t max = default_max) : max_(max) {}
 
     // Locked, though each worker writes its own log: the consumer's may be written by

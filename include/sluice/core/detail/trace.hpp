@@ -73,7 +73,9 @@ inline std::string chrome_trace(const std::vector<traced_worker>& workers, std::
         auto spans = tw.spans;
         std::sort(spans.begin(), spans.end(), [](auto& a, auto& b) { return a.start_ns < b.start_ns; });
         for (auto& s : spans) {
-            const std::uint64_t a = std::clamp(s.start_ns, tw.start_ns, end), b = std::clamp(s.end_ns, a, end);
+            // Clamped to the worker's life, and past the last span drawn (waits of a track
+            // written by two threads may overlap): one span at a time on a track.
+            const std::uint64_t a = std::max(std::clamp(s.start_ns, tw.start_ns, end), at), b = std::clamp(s.end_ns, a, end);
             if (a > at) event("busy", tw.stage, tid, at, a);
             if (b > a)
                 event(s.kind == span_log::wait_input ? "waiting for input" : "waiting for room", tw.stage, tid, a, b);

@@ -136,6 +136,33 @@ public:
         std::lock_guard lock(m_);
         return allowed();
     }
+    /// The ceiling (the tuner moves it, pipeline_options::tune): AIMD's limit stays at or
+    /// below it; a higher one lets waiting requests go at once.
+    void set_max(unsigned m) {
+        std::vector<std::shared_ptr<wait_state>> wake;
+        {
+            std::lock_guard lock(m_);
+            const unsigned before = max_;
+            max_ = std::max(1u, m);
+            min_ = std::min(min_, max_);
+            // Raised: the limit starts at the new ceiling. Lowered: the limit stays where AIMD
+            // had it, if that is below (a backed-off limit is not undone).
+            if (max_ > before || limit_ > max_) limit_ = max_;
+            while (!waiters_.empty() && active_ < allowed()) {
+                auto w = waiters_.front();
+                waiters_.pop_front();
+                take_unchecked(w->seq);
+                w->granted = true;
+                wake.push_back(std::move(w));
+            }
+            publish();
+        }
+        for (auto& w : wake) asio::post(w->timer->get_executor(), [w] { w->timer->cancel(); });
+    }
+    unsigned max() const {
+        std::lock_guard lock(m_);
+        return max_;
+    }
     /// Gauges kept up to date with the limit and the requests holding permits (stats).
     void watch(std::atomic<std::uint64_t>* limit, std::atomic<std::uint64_t>* active) {
         std::lock_guard lock(m_);

@@ -6,6 +6,7 @@
 #include <sluice/core/record.hpp>
 #include <sluice/core/stage.hpp>
 #include <sluice/io/cache.hpp>
+#include <sluice/core/detail/tuning.hpp>
 #include <sluice/io/detail/aimd.hpp>
 #include <sluice/io/detail/curl_engine.hpp>
 #include <sluice/io/detail/curl_errors.hpp>
@@ -150,6 +151,7 @@ struct fetch_state {
 
 struct fetch_run {
     std::shared_ptr<aimd_limit> limit;
+    std::atomic<std::uint64_t> throttled{0};  // 503s and 429s, for the tuner
     std::shared_ptr<local_cache> cache;  // null without fetch_options::cache
     std::mutex s3_m;
     std::shared_ptr<const s3_config> s3;  // resolved once for the stage, at its first s3:// URL
@@ -202,10 +204,24 @@ inline std::shared_ptr<const s3_config> s3_for(fetch_run& run, const fetch_optio
 }
 
 
-inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o) {
+inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o, std::vector<knob>* knobs) {
     auto run = std::make_shared<fetch_run>();
     run->limit = std::make_shared<aimd_limit>(o.concurrency, o.min_concurrency);
     if (!o.cache.dir.empty()) run->cache = std::make_shared<local_cache>(o.cache);
+    if (knobs && o.concurrency > 1) {
+        // Requests in flight, between the floor and the workers there are; a request holds
+        // up to three chunks (two handed on, one filling).
+        std::weak_ptr<aimd_limit> w = run->limit;
+        knobs->push_back({.stage = "fetch",
+                          .name = "concurrency",
+                          .min = std::max(1u, std::min(o.min_concurrency, o.concurrency)),
+                          .max = o.concurrency,
+                          .start = std::min(o.concurrency, 8u),
+                          .bytes_each = 3 * std::uint64_t{o.chunk_size},
+                          .get = [w] { auto l = w.lock(); return l ? l->max() : 0u; },
+                          .set = [w](unsigned v) { if (auto l = w.lock()) l->set_max(v); },
+                          .pressure = &run->throttled});
+    }
     return run;
 }
 
@@ -471,7 +487,10 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                         source_error e(src->url, "cannot fetch (" + what + ")", {}, offset ? offset : source_error::npos);
                         throw e.with_code(request_code(t.result, t.status));
                     }
-                    if (t.status == 503 || t.status == 429) throttled.fetch_add(1, std::memory_order_relaxed);
+                    if (t.status == 503 || t.status == 429) {
+                        throttled.fetch_add(1, std::memory_order_relaxed);
+                        run.throttled.fetch_add(1, std::memory_order_relaxed);
+                    }
                 }
                 if (offset > p.from) resumes.fetch_add(1, std::memory_order_relaxed);
                 retries.fetch_add(1, std::memory_order_relaxed);

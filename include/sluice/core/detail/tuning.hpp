@@ -1,0 +1,211 @@
+#pragma once
+// The tuner (pipeline_options::tune): settings that stages let it move while they run
+// (detail::knob, registered by a stage's setup), and the hill climbing that moves them.
+//
+// Every window (half a second) the tuner reads the pipeline's figures. It tunes the knob
+// of the window's bottleneck (the stage whose workers gained the most busy time since the
+// last window; none when that is the consumer, which means the pipeline keeps up):
+// it doubles the setting while a doubling raises the delivered rate by 5 % or more, and
+// when one does not, it goes back to the setting before and leaves that knob settled.
+// A window that delivered nothing decides nothing; one change is judged at a time.
+// Settings only grow from where the tuner starts them, then stop: the climb ends, it does
+// not oscillate. A knob whose stage is throttled (its pressure counter grew: 503s or 429s)
+// is not raised: AIMD owns the requests in flight below the ceiling then. The memory
+// budget (pipeline_options::memory) caps a knob at what its share of the budget holds.
+// The tuner changes how fast, never what: settings that change how many work at once
+// keep the stages' order (ordered stages restore input order whatever their workers do).
+
+#include <sluice/core/stats.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace sluice::detail {
+
+/// A setting a stage lets the tuner move while it runs.
+struct knob {
+    std::string stage;  // the stage's name, as in the figures
+    std::string name;   // the option it is, as a user would pin it ("concurrency")
+    unsigned min = 1, max = 1;
+    unsigned start = 1;              // where the tuner starts it
+    std::uint64_t bytes_each = 0;    // the most memory one more unit may hold
+    std::function<unsigned()> get;
+    std::function<void(unsigned)> set;
+    const std::atomic<std::uint64_t>* pressure = nullptr;  // grows while the source throttles
+};
+
+/// Caps the knobs whose units hold memory so that together they spend at most a quarter
+/// of `memory` (0: no cap), in equal shares; never below a knob's floor. Returns the bytes
+/// they may hold at most.
+inline std::uint64_t memory_caps(std::vector<knob>& knobs, std::uint64_t memory) {
+    std::size_t n = 0;
+    for (auto& k : knobs) n += k.bytes_each != 0;
+    std::uint64_t total = 0;
+    for (auto& k : knobs) {
+        if (!k.bytes_each) continue;
+        if (memory) {
+            const std::uint64_t units = memory / 4 / n / k.bytes_each;
+            k.max = static_cast<unsigned>(std::clamp<std::uint64_t>(units, k.min, std::max(k.min, k.max)));
+        }
+        total += std::uint64_t{k.max} * k.bytes_each;
+    }
+    return total;
+}
+
+/// The hill climb over the knobs, driven by the pipeline's figures (one call per window).
+class hill_climb {
+public:
+    /// `memory`: the budget in bytes (0: none); the knobs whose units hold memory share a
+    /// quarter of it (see memory_caps).
+    hill_climb(std::vector<knob> knobs, std::uint64_t memory) : knobs_(std::move(knobs)) {
+        memory_caps(knobs_, memory);
+        for (auto& k : knobs_) {
+            k.start = std::clamp(k.start, k.min, k.max);
+            states_.push_back({});
+        }
+    }
+    /// Sets every knob to its start (before the pipeline runs).
+    void begin(double now) {
+        for (auto& k : knobs_) {
+            const unsigned from = k.get();
+            k.set(k.start);
+            if (from != k.start) log(now, k, from, k.start, "start low and climb while it pays");
+        }
+    }
+    /// One window's figures; `now` in seconds since the start.
+    void step(const pipeline_figures& f, double now) {
+        const auto [records, bytes] = f.records_and_bytes();
+        in_bytes_ = bytes != 0;
+        const double amount = in_bytes_ ? double(bytes) : double(records);
+        const std::string held = window_bottleneck(f);
+        if (last_now_ < 0) {
+            last_now_ = now;
+            last_amount_ = amount;
+            return;
+        }
+        const double dt = now - last_now_;
+        if (dt <= 0) return;
+        const double rate = (amount - last_amount_) / dt;
+        last_now_ = now;
+        last_amount_ = amount;
+        // A window that delivered nothing (a slow start, a stall, the end of the data) says
+        // nothing about a setting: no decision is taken on it.
+        if (rate <= 0) return;
+        // First the knob on trial, if any: was its doubling worth it? Only a doubling
+        // that paid lets the climb go on in the same window.
+        for (std::size_t i = 0; i < knobs_.size(); ++i) {
+            auto& k = knobs_[i];
+            auto& st = states_[i];
+            if (!st.trying) continue;
+            st.trying = false;
+            const bool throttled = pressure_moved(k, st);
+            const unsigned cur = k.get();
+            if (throttled) {
+                settle(now, k, st, cur, "the source throttles (503/429): AIMD owns the limit below this");
+            } else if (st.rate_before > 0 && rate >= 1.05 * st.rate_before) {
+                log(now, k, st.from, cur, "rate " + rate_text(st.rate_before) + " -> " + rate_text(rate));
+                break;  // paid: on to the climb below, from this window's rate
+            } else {
+                k.set(st.from);
+                settle(now, k, st, st.from,
+                       "doubling to " + std::to_string(cur) + " gave " + percent(rate, st.rate_before) + ", kept " +
+                           std::to_string(st.from));
+            }
+            return;  // judged and settled; the next change waits for the next window
+        }
+        for (std::size_t i = 0; i < knobs_.size(); ++i) {
+            auto& k = knobs_[i];
+            auto& st = states_[i];
+            if (st.settled) continue;
+            const unsigned cur = k.get();
+            if (pressure_moved(k, st)) {  // AIMD's: the climb ends here (a later 503 storm is AIMD's too)
+                settle(now, k, st, cur, "the source throttles (503/429): AIMD owns the limit below this");
+                continue;
+            }
+            st.rate_before = rate;
+            // Climb only the stage that limited the rate in this window.
+            if (held != k.stage) continue;
+            if (cur >= k.max) {
+                settle(now, k, st, cur, cur == k.max ? "at its ceiling" : "above its ceiling");
+                continue;
+            }
+            st.from = cur;
+            st.trying = true;
+            k.set(std::min(k.max, std::max(cur + 1, cur * 2)));
+            return;  // one change per window: its effect is measured alone
+        }
+    }
+    /// Every change so far.
+    const std::vector<tuning_change>& log() const { return log_; }
+    /// The settings now, to pin: {"fetch.concurrency", 32}.
+    std::vector<tuned_setting> settings() const {
+        std::vector<tuned_setting> out;
+        for (std::size_t i = 0; i < knobs_.size(); ++i)
+            out.push_back({knobs_[i].stage, knobs_[i].name, knobs_[i].get(), states_[i].settled});
+        return out;
+    }
+
+private:
+    struct state {
+        bool trying = false, settled = false;
+        unsigned from = 0;
+        double rate_before = 0;
+        std::uint64_t pressure = 0;
+    };
+    std::string rate_text(double r) const {
+        char buf[48];
+        if (in_bytes_) std::snprintf(buf, sizeof buf, "%.1f MB/s", r / 1e6);
+        else std::snprintf(buf, sizeof buf, "%.1f records/s", r);
+        return buf;
+    }
+    static std::string percent(double now, double before) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%+.0f %%", before > 0 ? 100 * (now / before - 1) : 0.0);
+        return buf;
+    }
+    bool pressure_moved(const knob& k, state& st) const {
+        const std::uint64_t p = k.pressure ? k.pressure->load(std::memory_order_relaxed) : 0;
+        const bool moved = p != st.pressure;
+        st.pressure = p;
+        return moved;
+    }
+    // The bottleneck of the last window (busy time per worker gained since the last
+    // call), not of the whole run: stages that finished or changed pace count as they are.
+    std::string window_bottleneck(const pipeline_figures& f) {
+        std::string best;
+        double most = -1;
+        std::vector<double> busy;
+        for (std::size_t i = 0; i < f.stages.size(); ++i) {
+            const auto& s = f.stages[i];
+            const double per_worker = s.busy_s / (s.workers ? s.workers : 1);
+            busy.push_back(per_worker);
+            const double gained = per_worker - (i < last_busy_.size() ? last_busy_[i] : 0.0);
+            if (gained > most) {
+                most = gained;
+                best = s.name;
+            }
+        }
+        last_busy_ = std::move(busy);
+        return best;
+    }
+    void settle(double now, knob& k, state& st, unsigned at, const std::string& why) {
+        st.settled = true;
+        log_.push_back({now, k.stage, k.name, at, at, "settled: " + why});
+    }
+    void log(double now, const knob& k, unsigned from, unsigned to, const std::string& why) {
+        log_.push_back({now, k.stage, k.name, from, to, why});
+    }
+    std::vector<knob> knobs_;
+    std::vector<state> states_;
+    std::vector<tuning_change> log_;
+    double last_now_ = -1, last_amount_ = 0;
+    bool in_bytes_ = true;
+    std::vector<double> last_busy_;
+};
+
+}  // namespace sluice::detail

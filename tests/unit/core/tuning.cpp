@@ -1,0 +1,95 @@
+// The tuner's hill climb (core/detail/tuning.hpp), driven with made-up figures: it climbs
+// only the bottleneck's knob, keeps a doubling only when it pays 5 %, goes back and
+// settles when one does not, never climbs under throttling, and respects its ceiling.
+#include <sluice/core/detail/tuning.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <functional>
+
+namespace {
+// A source whose rate grows with in flight up to `knee`, then stays.
+struct model {
+    unsigned value = 64;
+    unsigned knee = 16;
+    double per_request = 1e6;  // bytes/s each request in flight gives
+    std::atomic<std::uint64_t> throttled{0};
+    double bytes = 0, now = 0;
+    sluice::detail::knob knob(unsigned max = 256) {
+        return {.stage = "fetch", .name = "concurrency", .min = 2, .max = max, .start = 8, .bytes_each = 3u << 20,
+                .get = [this] { return value; }, .set = [this](unsigned v) { value = v; }, .pressure = &throttled};
+    }
+    // Half a second of the pipeline at the current setting.
+    sluice::pipeline_figures window(const char* bottleneck = "fetch") {
+        now += 0.5;
+        bytes += 0.5 * per_request * std::min(value, knee);
+        sluice::pipeline_figures f;
+        f.seconds = now;
+        f.stages.push_back({.name = "fetch", .workers = 1, .items_out = 1, .bytes_out = std::uint64_t(bytes), .busy_s = now,
+                            .counts_records = true, .counters = {}, .notes = {}});
+        f.stages.push_back({.name = "consumer", .workers = 1, .busy_s = std::string(bottleneck) == "consumer" ? 2 * now : 0,
+                            .counters = {}, .notes = {}});
+        return f;
+    }
+};
+}  // namespace
+
+TEST_CASE("the tuner climbs to the knee, keeps it, and settles there", "[tune]") {
+    model m;
+    sluice::detail::hill_climb climb({m.knob()}, 0);
+    climb.begin(0);
+    CHECK(m.value == 8);  // starts low
+    for (int i = 0; i < 20; ++i) climb.step(m.window(), m.now);
+    CHECK(m.value == 16);  // 8 -> 16 paid, 16 -> 32 did not: back to 16
+    auto s = climb.settings();
+    REQUIRE(s.size() == 1);
+    CHECK(s[0].value == 16);
+    CHECK(s[0].settled);
+    const auto& log = climb.log();
+    REQUIRE(log.size() == 3);
+    CHECK((log[0].from == 64 && log[0].to == 8));
+    CHECK((log[1].from == 8 && log[1].to == 16));
+    CHECK(log[1].why.find("MB/s") != std::string::npos);
+    CHECK((log[2].from == 16 && log[2].to == 16));
+    CHECK(log[2].why.find("settled: doubling to 32 gave +0 %, kept 16") != std::string::npos);
+    // Settled means settled: more windows change nothing, whatever the rate does.
+    m.knee = 1000;
+    for (int i = 0; i < 20; ++i) climb.step(m.window(), m.now);
+    CHECK(m.value == 16);
+    CHECK(climb.log().size() == 3);
+}
+
+TEST_CASE("the tuner stops at its ceiling, and a memory budget lowers the ceiling", "[tune]") {
+    model m;
+    m.knee = 10000;
+    sluice::detail::hill_climb climb({m.knob(40)}, 0);
+    climb.begin(0);
+    for (int i = 0; i < 30; ++i) climb.step(m.window(), m.now);
+    CHECK(m.value == 40);  // 8, 16, 32, then 40 (the ceiling), then settled
+    CHECK(climb.settings()[0].settled);
+    CHECK(climb.log().back().why.find("ceiling") != std::string::npos);
+
+    model b;
+    b.knee = 10000;
+    sluice::detail::hill_climb capped({b.knob()}, std::uint64_t{48} << 20);  // a quarter: 12 MiB = 4 x 3 MiB
+    capped.begin(0);
+    CHECK(b.value == 4);
+    for (int i = 0; i < 10; ++i) capped.step(b.window(), b.now);
+    CHECK(b.value == 4);
+}
+
+TEST_CASE("the tuner leaves a knob alone when its stage is not the bottleneck, and never climbs under throttling",
+          "[tune]") {
+    model m;
+    sluice::detail::hill_climb climb({m.knob()}, 0);
+    climb.begin(0);
+    for (int i = 0; i < 10; ++i) climb.step(m.window("consumer"), m.now);
+    CHECK(m.value == 8);  // the consumer is the limit: more requests would not help
+    CHECK_FALSE(climb.settings()[0].settled);
+    m.throttled += 3;  // 503s: AIMD's business
+    for (int i = 0; i < 10; ++i) climb.step(m.window(), m.now);
+    CHECK(m.value == 8);
+    CHECK(climb.settings()[0].settled);
+    CHECK(climb.log().back().why.find("throttles") != std::string::npos);
+}
