@@ -449,12 +449,13 @@ void finish_report(sluice::detail::json_writer& w, const sluice::pipeline_figure
     std::cout << w.str() << std::endl;
 }
 
-// --metrics-file, --metrics-port, --trace.
+// --metrics-file, --metrics-port, --trace, --tune, --memory, --progress.
 sluice::pipeline_options exports(const options& o, sluice::pipeline_options po) {
     po.metrics = {.file = o.metrics_file, .port = o.metrics_port};
     po.tune = o.tune;
     po.memory = o.memory;
     po.trace = o.trace;
+    if (!o.quiet && o.progress > 0) po.progress = std::chrono::milliseconds(static_cast<long>(o.progress * 1000));
     return po;
 }
 // Starts the pipeline and says where its figures are served (--metrics-port 0 picks one).
@@ -816,8 +817,6 @@ int main(int argc, char** argv) {
         }
         popts.resume = blob.str();
     }
-    if (!o.quiet && o.progress > 0)
-        popts.progress = std::chrono::milliseconds(static_cast<long>(o.progress * 1000));
     try {
         if (o.pinned) {
 #if defined(SLUICE_HAVE_CUDA)

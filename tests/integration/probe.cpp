@@ -397,20 +397,34 @@ TEST_CASE("sluice-probe --tune does not raise requests in flight while the serve
     CHECK(r.err.find("settled: the source throttles (503/429)") != std::string::npos);
 }
 
-TEST_CASE("sluice-probe --memory caps what the tuner may spend on requests in flight", "[probe][tune]") {
-    dataset d({"--files", "100", "--records", "1", "--record-size", "4096", "--format", "raw", "--seed", "31"});
-    sluice_test::fault_server slow(d.dir.path().string(), {"--ttfb-ms", "30"});
-    // A quarter of 48 MiB at 3 x 1 MiB chunks a request: at most 4 in flight.
-    auto r = probe({"--format", "raw", "--tune", "--memory", std::to_string(48u << 20), "--epochs", "4", "--json",
-                    slow.url("shard-{000000..000099}.bin")});
+TEST_CASE("sluice-probe --memory caps what the tuner may spend on requests in flight, by what a request holds",
+          "[probe][tune]") {
+    // Objects of 1 MiB (a chunk each): a request holds up to 3 MiB, and a quarter of 48
+    // MiB holds 4 of them. Objects of 4 KiB hold 12 KiB a request: the same budget lets
+    // the tuner climb as far as it pays.
+    dataset big({"--files", "40", "--records", "1", "--record-size", "1048576", "--format", "raw", "--seed", "31"});
+    sluice_test::fault_server slow(big.dir.path().string(), {"--ttfb-ms", "30"});
+    auto r = probe({"--format", "raw", "--tune", "--memory", std::to_string(48u << 20), "--epochs", "6", "--json",
+                    slow.url("shard-{000000..000039}.bin")});
     INFO(r.err << r.out);
     REQUIRE(r.status == 0);
-    REQUIRE(json_u64(r.out, "records") == 400);
+    REQUIRE(json_u64(r.out, "records") == 240);
     const auto [k, settled] = tuned_in_flight(r.out);
     CHECK(k == 4);
     CHECK(settled);
-    CHECK(r.err.find("budget: fetch.concurrency <= 4 x 3145728 bytes: 12582912 bytes") != std::string::npos);
-    CHECK(r.err.find("settled: at its ceiling") != std::string::npos);
+    CHECK(r.err.find("budget: fetch.concurrency: 4 at 3145728 bytes each (tuned: more where each holds less): 12582912 bytes") !=
+          std::string::npos);
+    CHECK(r.err.find("settled: at the memory budget's share") != std::string::npos);
+
+    dataset small({"--files", "200", "--records", "1", "--record-size", "4096", "--format", "raw", "--seed", "41"});
+    sluice_test::fault_server slow2(small.dir.path().string(), {"--ttfb-ms", "30", "--max-concurrent", "32"});
+    auto s = probe({"--format", "raw", "--tune", "--memory", std::to_string(48u << 20), "--epochs", "30", "--json",
+                    slow2.url("shard-{000000..000199}.bin")});
+    INFO(s.err << s.out);
+    REQUIRE(s.status == 0);
+    const auto [k2, settled2] = tuned_in_flight(s.out);
+    CHECK(k2 >= 16);  // past the worst case's 4: small objects hold little
+    CHECK(settled2);
 }
 
 TEST_CASE("sluice-probe --memory divides one budget among the channels, and peak RSS stays within it plus 64 MiB", "[probe][memory]") {

@@ -410,14 +410,18 @@ private:
         b.push_back({"buffer pool cache", pool});
         std::uint64_t spent = add(pool, r.fixed_bytes);
         if (r.fixed_bytes) b.push_back({"held by stages whatever the budget (a shuffle's max_bytes)", r.fixed_bytes});
-        detail::memory_caps(r.knobs, M);
+        const std::size_t n = detail::memory_knobs(r.knobs);
         for (auto& k : r.knobs) {
             if (!k.bytes_each) continue;
-            if (k.get() > k.max) k.set(k.max);
-            const std::uint64_t bytes = std::uint64_t{k.max} * k.bytes_each;
-            spent = add(spent, bytes);
-            b.push_back({k.stage + "." + k.name + " <= " + std::to_string(k.max) + " x " + std::to_string(k.bytes_each) + " bytes",
-                         bytes});
+            // Untuned, a setting stays within its share at the worst case; the tuner may go
+            // past that where units are measured to hold less (small objects).
+            const unsigned cap = detail::memory_cap(k, M, n, k.bytes_each);
+            if (k.get() > cap) k.set(cap);
+            const std::uint64_t part = std::max(M / 4 / n, std::uint64_t{k.min} * k.bytes_each);  // the floor may pass it
+            spent = add(spent, part);
+            b.push_back({k.stage + "." + k.name + ": " + std::to_string(cap) + " at " + std::to_string(k.bytes_each) +
+                             " bytes each (tuned: more where each holds less)",
+                         part});
         }
         const std::uint64_t left = M > spent ? M - spent : 0;
         const std::uint64_t share = std::max<std::uint64_t>(std::uint64_t{1} << 20, left / std::max<std::size_t>(1, limits.size()));

@@ -17,7 +17,7 @@ struct model {
     std::atomic<std::uint64_t> throttled{0};
     double bytes = 0, now = 0;
     sluice::detail::knob knob(unsigned max = 256) {
-        return {.stage = "fetch", .name = "concurrency", .min = 2, .max = max, .start = 8, .bytes_each = 3u << 20,
+        return {.stage = "fetch", .name = "concurrency", .min = 2, .max = max, .start = 8, .bytes_each = 3u << 20, .bytes_now = nullptr,
                 .get = [this] { return value; }, .set = [this](unsigned v) { value = v; }, .pressure = &throttled};
     }
     // Half a second of the pipeline at the current setting.
@@ -92,4 +92,22 @@ TEST_CASE("the tuner leaves a knob alone when its stage is not the bottleneck, a
     CHECK(m.value == 8);
     CHECK(climb.settings()[0].settled);
     CHECK(climb.log().back().why.find("throttles") != std::string::npos);
+}
+
+TEST_CASE("started past the knee, the tuner halves while it costs under 5 %, then settles", "[tune]") {
+    model m;
+    m.knee = 4;  // four requests give all there is
+    sluice::detail::hill_climb climb({m.knob()}, 0);
+    climb.begin(0);
+    for (int i = 0; i < 30; ++i) climb.step(m.window(), m.now);
+    std::string text;
+    for (auto& c : climb.log()) text += std::to_string(c.from) + " -> " + std::to_string(c.to) + ": " + c.why + "\n";
+    INFO(text);
+    CHECK(m.value == 4);  // 8 -> 16 did not pay; 8 -> 4 cost nothing; 4 -> 2 halved the rate
+    auto s = climb.settings();
+    CHECK(s[0].settled);
+    CHECK(climb.log().back().why.find("halving to 2 gave -50 %, kept 4") != std::string::npos);
+    bool tried_fewer = false;
+    for (auto& c : climb.log()) tried_fewer |= c.why.find("try fewer") != std::string::npos;
+    CHECK(tried_fewer);
 }

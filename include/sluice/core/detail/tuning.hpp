@@ -7,11 +7,15 @@
 // last window; none when that is the consumer, which means the pipeline keeps up):
 // it doubles the setting while a doubling raises the delivered rate by 5 % or more, and
 // when one does not, it goes back to the setting before and leaves that knob settled.
+// When the very first doubling does not pay (the start is past the knee), it halves
+// instead, while halving keeps the rate within 5 % of the best seen, then settles.
 // A window that delivered nothing decides nothing; one change is judged at a time.
 // Settings only grow from where the tuner starts them, then stop: the climb ends, it does
 // not oscillate. A knob whose stage is throttled (its pressure counter grew: 503s or 429s)
 // is not raised: AIMD owns the requests in flight below the ceiling then. The memory
-// budget (pipeline_options::memory) caps a knob at what its share of the budget holds.
+// budget (pipeline_options::memory) caps a knob at what its share of the budget holds:
+// at the start by the worst case (bytes_each a unit), while it climbs by what a unit is
+// measured to hold (fetch: three chunks, or three objects when objects are smaller).
 // The tuner changes how fast, never what: settings that change how many work at once
 // keep the stages' order (ordered stages restore input order whatever their workers do).
 
@@ -34,6 +38,7 @@ struct knob {
     unsigned min = 1, max = 1;
     unsigned start = 1;              // where the tuner starts it
     std::uint64_t bytes_each = 0;    // the most memory one more unit may hold
+    std::function<std::uint64_t()> bytes_now;  // what one unit holds as measured so far (null: bytes_each)
     std::function<unsigned()> get;
     std::function<void(unsigned)> set;
     const std::atomic<std::uint64_t>* pressure = nullptr;  // grows while the source throttles
@@ -42,19 +47,17 @@ struct knob {
 /// Caps the knobs whose units hold memory so that together they spend at most a quarter
 /// of `memory` (0: no cap), in equal shares; never below a knob's floor. Returns the bytes
 /// they may hold at most.
-inline std::uint64_t memory_caps(std::vector<knob>& knobs, std::uint64_t memory) {
+/// The most units of `k` its share of `memory` holds (its share: a quarter of the budget
+/// split among the `n` knobs that hold memory), at `each` bytes a unit; never below its
+/// floor nor above its ceiling.
+inline unsigned memory_cap(const knob& k, std::uint64_t memory, std::size_t n, std::uint64_t each) {
+    if (!memory || !each || !n) return k.max;
+    return static_cast<unsigned>(std::clamp<std::uint64_t>(memory / 4 / n / each, k.min, std::max(k.min, k.max)));
+}
+inline std::size_t memory_knobs(const std::vector<knob>& knobs) {
     std::size_t n = 0;
     for (auto& k : knobs) n += k.bytes_each != 0;
-    std::uint64_t total = 0;
-    for (auto& k : knobs) {
-        if (!k.bytes_each) continue;
-        if (memory) {
-            const std::uint64_t units = memory / 4 / n / k.bytes_each;
-            k.max = static_cast<unsigned>(std::clamp<std::uint64_t>(units, k.min, std::max(k.min, k.max)));
-        }
-        total += std::uint64_t{k.max} * k.bytes_each;
-    }
-    return total;
+    return n;
 }
 
 /// The hill climb over the knobs, driven by the pipeline's figures (one call per window).
@@ -62,10 +65,12 @@ class hill_climb {
 public:
     /// `memory`: the budget in bytes (0: none); the knobs whose units hold memory share a
     /// quarter of it (see memory_caps).
-    hill_climb(std::vector<knob> knobs, std::uint64_t memory) : knobs_(std::move(knobs)) {
-        memory_caps(knobs_, memory);
+    hill_climb(std::vector<knob> knobs, std::uint64_t memory)
+        : knobs_(std::move(knobs)), memory_(memory), memory_knobs_(memory_knobs(knobs_)) {
         for (auto& k : knobs_) {
-            k.start = std::clamp(k.start, k.min, k.max);
+            // Start within the worst case's share (each unit at bytes_each); the climb may
+            // go past it as far as what units are measured to hold allows.
+            k.start = std::clamp(k.start, k.min, memory_cap(k, memory_, memory_knobs_, k.bytes_each));
             states_.push_back({});
         }
     }
@@ -105,18 +110,31 @@ public:
             st.trying = false;
             const bool throttled = pressure_moved(k, st);
             const unsigned cur = k.get();
+            st.best = std::max(st.best, st.rate_before);
             if (throttled) {
                 settle(now, k, st, cur, "the source throttles (503/429): AIMD owns the limit below this");
-            } else if (st.rate_before > 0 && rate >= 1.05 * st.rate_before) {
+            } else if (!st.down && st.rate_before > 0 && rate >= 1.05 * st.rate_before) {
                 log(now, k, st.from, cur, "rate " + rate_text(st.rate_before) + " -> " + rate_text(rate));
+                st.climbed = true;
                 break;  // paid: on to the climb below, from this window's rate
+            } else if (st.down && rate >= 0.95 * st.best) {
+                // Halving cost less than 5 % of the best seen (or gained): fewer is as good.
+                log(now, k, st.from, cur, "rate " + rate_text(st.rate_before) + " -> " + rate_text(rate) + " with fewer");
+                st.best = std::max(st.best, rate);
+                break;  // on down from here
+            } else if (!st.down && !st.climbed && st.from > k.min) {
+                // The first doubling did not pay: past the knee already. Try halving instead.
+                k.set(st.from);
+                st.down = true;
+                log(now, k, cur, st.from,
+                    "doubling to " + std::to_string(cur) + " gave " + percent(rate, st.rate_before) + "; try fewer");
             } else {
                 k.set(st.from);
                 settle(now, k, st, st.from,
-                       "doubling to " + std::to_string(cur) + " gave " + percent(rate, st.rate_before) + ", kept " +
-                           std::to_string(st.from));
+                       std::string(st.down ? "halving to " : "doubling to ") + std::to_string(cur) + " gave " +
+                           percent(rate, st.down ? st.best : st.rate_before) + ", kept " + std::to_string(st.from));
             }
-            return;  // judged and settled; the next change waits for the next window
+            return;  // judged; the next change waits for the next window
         }
         for (std::size_t i = 0; i < knobs_.size(); ++i) {
             auto& k = knobs_[i];
@@ -130,13 +148,24 @@ public:
             st.rate_before = rate;
             // Climb only the stage that limited the rate in this window.
             if (held != k.stage) continue;
-            if (cur >= k.max) {
-                settle(now, k, st, cur, cur == k.max ? "at its ceiling" : "above its ceiling");
+            const unsigned top = ceiling(k);
+            if (st.down) {  // going down: halve while it costs under 5 %
+                if (cur <= k.min) {
+                    settle(now, k, st, cur, "at its floor");
+                    continue;
+                }
+                st.from = cur;
+                st.trying = true;
+                k.set(std::max(k.min, cur / 2));
+                return;
+            }
+            if (cur >= top) {
+                settle(now, k, st, cur, top < k.max ? "at the memory budget's share" : "at its ceiling");
                 continue;
             }
             st.from = cur;
             st.trying = true;
-            k.set(std::min(k.max, std::max(cur + 1, cur * 2)));
+            k.set(std::min(top, std::max(cur + 1, cur * 2)));
             return;  // one change per window: its effect is measured alone
         }
     }
@@ -153,6 +182,9 @@ public:
 private:
     struct state {
         bool trying = false, settled = false;
+        bool climbed = false;  // a doubling paid: never go down after
+        bool down = false;     // the first doubling did not pay: halving instead
+        double best = 0;       // the best window's rate seen
         unsigned from = 0;
         double rate_before = 0;
         std::uint64_t pressure = 0;
@@ -167,6 +199,13 @@ private:
         char buf[32];
         std::snprintf(buf, sizeof buf, "%+.0f %%", before > 0 ? 100 * (now / before - 1) : 0.0);
         return buf;
+    }
+    // The highest setting now: its ceiling, or less where the memory budget's share ends
+    // (at what a unit holds as measured, else at the worst case).
+    unsigned ceiling(const knob& k) const {
+        if (!k.bytes_each) return k.max;
+        const std::uint64_t each = k.bytes_now ? std::min(k.bytes_each, std::max<std::uint64_t>(1, k.bytes_now())) : k.bytes_each;
+        return memory_cap(k, memory_, memory_knobs_, each);
     }
     bool pressure_moved(const knob& k, state& st) const {
         const std::uint64_t p = k.pressure ? k.pressure->load(std::memory_order_relaxed) : 0;
@@ -201,6 +240,8 @@ private:
         log_.push_back({now, k.stage, k.name, from, to, why});
     }
     std::vector<knob> knobs_;
+    std::uint64_t memory_ = 0;
+    std::size_t memory_knobs_ = 0;
     std::vector<state> states_;
     std::vector<tuning_change> log_;
     double last_now_ = -1, last_amount_ = 0;

@@ -152,6 +152,7 @@ struct fetch_state {
 struct fetch_run {
     std::shared_ptr<aimd_limit> limit;
     std::atomic<std::uint64_t> throttled{0};  // 503s and 429s, for the tuner
+    std::atomic<std::uint64_t> objects_done{0}, bytes_done{0};  // what a request holds, for the tuner
     std::shared_ptr<local_cache> cache;  // null without fetch_options::cache
     std::mutex s3_m;
     std::shared_ptr<const s3_config> s3;  // resolved once for the stage, at its first s3:// URL
@@ -218,6 +219,14 @@ inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o, std::ve
                           .max = o.concurrency,
                           .start = std::min(o.concurrency, 8u),
                           .bytes_each = 3 * std::uint64_t{o.chunk_size},
+                          // Three chunks, or three objects where objects are smaller.
+                          .bytes_now = [wr = std::weak_ptr<fetch_run>(run), chunk = std::uint64_t{o.chunk_size}]() -> std::uint64_t {
+                              auto r = wr.lock();
+                              if (!r) return 3 * chunk;
+                              const auto n = r->objects_done.load(std::memory_order_relaxed);
+                              if (!n) return 3 * chunk;
+                              return 3 * std::min(chunk, r->bytes_done.load(std::memory_order_relaxed) / n);
+                          },
                           .get = [w] { auto l = w.lock(); return l ? l->max() : 0u; },
                           .set = [w](unsigned v) { if (auto l = w.lock()) l->set_max(v); },
                           .pressure = &run->throttled});
@@ -530,6 +539,8 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                 cache_evictions.store(cache->evictions.load(std::memory_order_relaxed), std::memory_order_relaxed);
                 copy.reset();
             }
+            run.bytes_done.fetch_add(offset, std::memory_order_relaxed);
+            run.objects_done.fetch_add(1, std::memory_order_relaxed);
             chunk last{src, offset, {}, true, false};
             if (!my_turn) {
                 co_await ctx.turn->wait(ticket);
