@@ -641,7 +641,7 @@ open(sys.argv[1] + "/sizes", "w").write("%d\n" % sum(sizes))' "$www/w"
       rss=$(echo "$o" | field peak_rss_bytes)
       after=$(grep '^\[sluice\]' "$ngx/tuned.err" | awk -v s="${settled:-1e9}" -v T="$(echo "$o" | field seconds)" -v B="$(echo "$o" | field payload_bytes)" '
         { t = $2; sub("s", "", t); if (t + 0 >= s + 0.5 && !found) { found = 1; t1 = t; b1 = $7 * t * 1e6 } }
-        END { if (found && T > t1) printf "%.1f", (B - b1) / (T - t1) / 1e6; else print "null" }')
+        END { if (found && T + 0 > t1 + 0) printf "%.1f", (B - b1) / (T - t1) / 1e6; else print "null" }')
       echo "{\"bench\":\"tune\",\"scenario\":\"$label\",\"hand_best_mb_per_s\":$best,\"hand_best_in_flight\":$best_k,\"tuned_mb_per_s\":$r,\"tuned_after_settling_mb_per_s\":$after,\"tuned_in_flight\":${chose:-0},\"settled_at_s\":${settled:-null},\"ratio\":$(ratio "$r" "$best"),\"ratio_after_settling\":$([ "$after" = null ] && echo null || ratio "$after" "$best"),\"peak_rss_bytes\":$rss,\"budget_bytes\":$budget}"
       echo "$label: tuned $r MB/s over the whole run, $after MB/s after it settled at ${settled:-never} s (chose ${chose:-?} in flight, peak RSS $rss of $budget); best by hand $best MB/s at $best_k: ratio $(ratio "$r" "$best") whole, $([ "$after" = null ] && echo n/a || ratio "$after" "$best") settled (goal >= 0.9 within 10 s)" >&2
     }
