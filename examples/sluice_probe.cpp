@@ -677,45 +677,35 @@ int main(int argc, char** argv) {
     if (!o.write_counts.empty()) plan = {.rank = 0, .world = 1};  // every shard, once
     const auto order = o.ordered || o.deterministic ? sluice::ordering::ordered : sluice::ordering::unordered;
     auto shards = sluice::list(o.sources, o.s3) | sluice::plan(plan);
-    auto src = http ? shards | sluice::fetch({.concurrency = o.in_flight,
-                                              .min_concurrency = o.min_in_flight,
-                                              .order = order,
-                                              .chunk_size = std::min<std::size_t>(o.chunk_size, 1u << 20),
-                                              .part_size = o.part_size,
-                                              .parts_in_flight = o.parts_in_flight,
-                                              .retries = o.retries,
-                                              .stall = std::chrono::seconds(o.stall),
-                                              .ca_file = o.ca_file,
-                                              .insecure = o.insecure,
-                                              .s3 = o.s3,
-                                              .cache = {.dir = o.cache, .max_bytes = o.cache_bytes},
-                                              .out = {16, o.channel_bytes}})
-                    : shards | sluice::read({.chunk_size = o.chunk_size,
-                                             .concurrency = o.files_in_flight,
-                                             .order = order,
-                                             .map = o.map,
-                                             .out = {16, o.channel_bytes}});
+    // The transfer stages from the flags; the sweep runs them with its own k, part size,
+    // no cache and unordered.
+    auto fetch_with = [&](unsigned k, unsigned min_k, std::uint64_t part, sluice::ordering ord, const std::string& cache) {
+        return sluice::fetch({.concurrency = k,
+                              .min_concurrency = min_k,
+                              .order = ord,
+                              .chunk_size = std::min<std::size_t>(o.chunk_size, 1u << 20),
+                              .part_size = part,
+                              .parts_in_flight = o.parts_in_flight,
+                              .retries = o.retries,
+                              .stall = std::chrono::seconds(o.stall),
+                              .ca_file = o.ca_file,
+                              .insecure = o.insecure,
+                              .s3 = o.s3,
+                              .cache = {.dir = cache, .max_bytes = o.cache_bytes},
+                              .out = {16, o.channel_bytes}});
+    };
+    auto read_with = [&](unsigned k, sluice::ordering ord) {
+        return sluice::read({.chunk_size = o.chunk_size, .concurrency = k, .order = ord, .map = o.map,
+                             .out = {16, o.channel_bytes}});
+    };
+    auto src = http ? shards | fetch_with(o.in_flight, o.min_in_flight, o.part_size, order, o.cache)
+                    : shards | read_with(o.files_in_flight, order);
     if (o.sweep) {
         // Each point: the sources again and again (plan's epochs) with k in flight.
         const probe_sweep::maker make = [&](unsigned k, std::uint64_t part) {
             auto again = sluice::list(o.sources, o.s3) | sluice::plan({.epochs = 1000000});
-            return http ? again | sluice::fetch({.concurrency = k,
-                                                 .min_concurrency = k,
-                                                 .order = sluice::ordering::unordered,
-                                                 .chunk_size = std::min<std::size_t>(o.chunk_size, 1u << 20),
-                                                 .part_size = part,
-                                                 .parts_in_flight = o.parts_in_flight,
-                                                 .retries = o.retries,
-                                                 .stall = std::chrono::seconds(o.stall),
-                                                 .ca_file = o.ca_file,
-                                                 .insecure = o.insecure,
-                                                 .s3 = o.s3,
-                                                 .out = {16, o.channel_bytes}})
-                        : again | sluice::read({.chunk_size = o.chunk_size,
-                                                .concurrency = k,
-                                                .order = sluice::ordering::unordered,
-                                                .map = o.map,
-                                                .out = {16, o.channel_bytes}});
+            return http ? again | fetch_with(k, k, part, sluice::ordering::unordered, "")
+                        : again | read_with(k, sluice::ordering::unordered);
         };
         try {
             return probe_sweep::run(make, {.http = http,

@@ -120,17 +120,9 @@ public:
             } else if (ok) {
                 limit_ = std::min<double>(max_, limit_ + 1.0 / limit_);
             }
-            while (!waiters_.empty() && active_ < allowed()) {
-                auto w = waiters_.front();
-                waiters_.pop_front();
-                take_unchecked(w->seq);
-                w->granted = true;
-                wake.push_back(std::move(w));
-            }
-            publish();
+            grant_waiters(wake);
         }
-        // The waiter resumes from its timer's handler, which a cancel runs now.
-        for (auto& w : wake) asio::post(w->timer->get_executor(), [w] { w->timer->cancel(); });
+        wake_up(wake);
     }
     unsigned limit() const {
         std::lock_guard lock(m_);
@@ -148,16 +140,9 @@ public:
             // Raised: the limit starts at the new ceiling. Lowered: the limit stays where AIMD
             // had it, if that is below (a backed-off limit is not undone).
             if (max_ > before || limit_ > max_) limit_ = max_;
-            while (!waiters_.empty() && active_ < allowed()) {
-                auto w = waiters_.front();
-                waiters_.pop_front();
-                take_unchecked(w->seq);
-                w->granted = true;
-                wake.push_back(std::move(w));
-            }
-            publish();
+            grant_waiters(wake);
         }
-        for (auto& w : wake) asio::post(w->timer->get_executor(), [w] { w->timer->cancel(); });
+        wake_up(wake);
     }
     unsigned max() const {
         std::lock_guard lock(m_);
@@ -177,6 +162,21 @@ public:
     }
 
 private:
+    // Permits for the first waiters while the limit allows (m_ held); they wake after.
+    void grant_waiters(std::vector<std::shared_ptr<wait_state>>& wake) {
+        while (!waiters_.empty() && active_ < allowed()) {
+            auto w = waiters_.front();
+            waiters_.pop_front();
+            take_unchecked(w->seq);
+            w->granted = true;
+            wake.push_back(std::move(w));
+        }
+        publish();
+    }
+    // The waiter resumes from its timer's handler, which a cancel runs now.
+    static void wake_up(const std::vector<std::shared_ptr<wait_state>>& wake) {
+        for (auto& w : wake) asio::post(w->timer->get_executor(), [w] { w->timer->cancel(); });
+    }
     void arm(const std::shared_ptr<wait_state>& w) {
         w->timer->expires_after(w->go_ahead ? std::chrono::steady_clock::duration(tick) : std::chrono::hours(24));
         w->timer->async_wait([self = shared_from_this(), w](const std::error_code&) { self->on_tick(w); });
