@@ -603,9 +603,10 @@ open(sys.argv[1] + "/sizes", "w").write("%d\n" % sum(sizes))' "$www/w"
     # the best of a hand sweep of the knob it moves (requests in flight), in the same run,
     # with its peak RSS and when it settled. Scenarios: small objects behind a 50 ms first
     # byte (the fault server, 20 epochs of 2,000 x 100 KiB tar objects); one large object
-    # over nginx (1 GiB ten times, parts of 8 MiB, up to 64 parts at once). The third scenario of the
-    # issue (local tar shards behind a CPU-heavy decode) is not run: the tuner does not
-    # move decode threads yet.
+    # over nginx (1 GiB ten times, parts of 8 MiB, up to 64 parts at once); local
+    # WebDataset shards of JPEGs behind the image decode (the images bench's data, 4
+    # shards of 2,000, twice), in images/s, against a hand sweep of decode threads (the
+    # tuner also moves files in flight and collating workers there, from one each).
     command -v nginx >/dev/null || { echo "tune bench needs nginx" >&2; exit 1; }
     www=$data/http
     if [ ! -f "$www/objects.json" ]; then
@@ -622,33 +623,47 @@ open(sys.argv[1] + "/sizes", "w").write("%d\n" % sum(sizes))' "$www/w"
     for i in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/big.bin" -r 0-0 && grep -q port "$ngx/fault.out" && break; sleep 0.1; done
     fport=$(cut -d' ' -f2 < "$ngx/fault.out")
     budget=$((512 << 20))
-    tune_row() {  # label, what the hand sweep varies, then the probe's arguments (the sources last)
-      local label=$1 values=$2; shift 2
+    # A row: label, the stage whose knob the hand sweep varies, its probe option and
+    # values, the rate's unit (MB/s: bytes; img/s: records), then the probe's arguments.
+    tune_row() {
+      local label=$1 stage=$2 flag=$3 values=$4 unit=$5; shift 5
+      local key=bytes_per_s div=1e6 amount=payload_bytes col=7
+      [ "$unit" = img/s ] && { key=records_per_s; div=1; amount=records; col=5; }
       local best=0 best_k="" o r k
       for k in $values; do
-        o=$("$probe" --json --quiet --in-flight "$k" "$@")
-        r=$(echo "$o" | field bytes_per_s | awk '{ printf "%.1f", $1 / 1e6 }')
-        echo "  $label, $k in flight by hand: $r MB/s" >&2
+        o=$("$probe" --json --quiet "$flag" "$k" "$@")
+        r=$(echo "$o" | field $key | awk -v d=$div '{ printf "%.1f", $1 / d }')
+        echo "  $label, $flag $k by hand: $r $unit" >&2
         if awk -v x="$r" -v y="$best" 'BEGIN { exit !(x > y) }'; then best=$r; best_k=$k; fi
       done
-      # Tuned: the whole run's rate, and the rate after it settled (from the progress
-      # lines, each the run's bytes so far as MB/s x seconds, to the end).
+      # Tuned: the whole run's rate, and the rate after the last knob settled (from the
+      # progress lines, each the run's amount so far as a rate x seconds, to the end).
       o=$("$probe" --json --progress 0.5 --tune --memory "$budget" "$@" 2> "$ngx/tuned.err")
-      r=$(echo "$o" | field bytes_per_s | awk '{ printf "%.1f", $1 / 1e6 }')
+      r=$(echo "$o" | field $key | awk -v d=$div '{ printf "%.1f", $1 / d }')
       local chose settled rss after
-      chose=$(echo "$o" | grep -o '"knob":"concurrency","value":[0-9]*' | grep -o '[0-9]*$' || true)
-      settled=$(echo "$o" | grep -o '"seconds":[0-9.e+-]*,"stage":"fetch","knob":"concurrency","from":[0-9]*,"to":[0-9]*,"why":"settled' | head -1 | cut -d, -f1 | cut -d: -f2 || true)
+      chose=$(echo "$o" | grep -o "\"stage\":\"$stage\",\"knob\":\"concurrency\",\"value\":[0-9]*" | grep -o '[0-9]*$' || true)
+      settled=$(echo "$o" | grep -o '"seconds":[0-9.e+-]*,"stage":"[a-z_]*","knob":"concurrency","from":[0-9]*,"to":[0-9]*,"why":"settled' | cut -d, -f1 | cut -d: -f2 | sort -g | tail -1 || true)
       rss=$(echo "$o" | field peak_rss_bytes)
-      after=$(grep '^\[sluice\]' "$ngx/tuned.err" | awk -v s="${settled:-1e9}" -v T="$(echo "$o" | field seconds)" -v B="$(echo "$o" | field payload_bytes)" '
-        { t = $2; sub("s", "", t); if (t + 0 >= s + 0.5 && !found) { found = 1; t1 = t; b1 = $7 * t * 1e6 } }
-        END { if (found && T + 0 > t1 + 0) printf "%.1f", (B - b1) / (T - t1) / 1e6; else print "null" }')
-      echo "{\"bench\":\"tune\",\"scenario\":\"$label\",\"hand_best_mb_per_s\":$best,\"hand_best_in_flight\":$best_k,\"tuned_mb_per_s\":$r,\"tuned_after_settling_mb_per_s\":$after,\"tuned_in_flight\":${chose:-0},\"settled_at_s\":${settled:-null},\"ratio\":$(ratio "$r" "$best"),\"ratio_after_settling\":$([ "$after" = null ] && echo null || ratio "$after" "$best"),\"peak_rss_bytes\":$rss,\"budget_bytes\":$budget}"
-      echo "$label: tuned $r MB/s over the whole run, $after MB/s after it settled at ${settled:-never} s (chose ${chose:-?} in flight, peak RSS $rss of $budget); best by hand $best MB/s at $best_k: ratio $(ratio "$r" "$best") whole, $([ "$after" = null ] && echo n/a || ratio "$after" "$best") settled (goal >= 0.9 within 10 s)" >&2
+      after=$(grep '^\[sluice\]' "$ngx/tuned.err" | awk -v s="${settled:-1e9}" -v T="$(echo "$o" | field seconds)" -v B="$(echo "$o" | field $amount)" -v c=$col -v d=$div '
+        { t = $2; sub("s", "", t); if (t + 0 >= s + 0.5 && !found) { found = 1; t1 = t; b1 = $c * t * d } }
+        END { if (found && T + 0 > t1 + 0) printf "%.1f", (B - b1) / (T - t1) / d; else print "null" }')
+      echo "{\"bench\":\"tune\",\"scenario\":\"$label\",\"unit\":\"$unit\",\"hand_best\":$best,\"hand_best_setting\":\"$flag $best_k\",\"tuned\":$r,\"tuned_after_settling\":$after,\"tuned_setting\":\"$stage.concurrency ${chose:-?}\",\"settled_at_s\":${settled:-null},\"ratio\":$(ratio "$r" "$best"),\"ratio_after_settling\":$([ "$after" = null ] && echo null || ratio "$after" "$best"),\"peak_rss_bytes\":$rss,\"budget_bytes\":$budget}"
+      echo "$label: tuned $r $unit over the whole run, $after $unit after it settled at ${settled:-never} s (chose $stage.concurrency ${chose:-?}, peak RSS $rss of $budget); best by hand $best $unit at $flag $best_k: ratio $(ratio "$r" "$best") whole, $([ "$after" = null ] && echo n/a || ratio "$after" "$best") settled (goal >= 0.9 within 10 s)" >&2
+      grep '^tuner' "$ngx/tuned.err" >&2 || true
     }
-    tune_row "2,000 x 100 KiB behind a 50 ms first byte, 20 epochs" "32 64 128 256" \
+    tune_row "2,000 x 100 KiB behind a 50 ms first byte, 20 epochs" fetch --in-flight "32 64 128 256" MB/s \
       --format tar --no-crc --batch 256 --epochs 20 "http://127.0.0.1:$fport/o/shard-{000000..001999}.tar"
-    tune_row "one 1 GiB object over nginx, 8 MiB parts, 10 epochs" "1 2 4 8 16 32" \
+    tune_row "one 1 GiB object over nginx, 8 MiB parts, 10 epochs" fetch --in-flight "1 2 4 8 16 32" MB/s \
       --format chunks --parts-in-flight 64 --epochs 10 "http://127.0.0.1:$port/big.bin"
+    imgs=$data/images-${SLUICE_BENCH_IMAGES:-20000}
+    if [ -f "$imgs/done" ]; then
+      shards=("$imgs"/shards/*.tar)
+      cat -- "${shards[@]:0:4}" > /dev/null  # warm page cache: the CPU is measured
+      tune_row "8,000 JPEGs in 4 local shards, decode + train augmentation, 2 epochs" decode_images --decode-threads "1 2 4" img/s \
+        --format webdataset --images train --batch 256 --no-crc --epochs 2 "${shards[@]:0:4}"
+    else
+      echo "tune: the image row is skipped (bench/run.sh images makes its data first)" >&2
+    fi
     kill $ngx_pid $fault_pid 2>/dev/null; wait $ngx_pid $fault_pid 2>/dev/null || true; rm -rf "$ngx"; trap - EXIT
     ;;
   *) echo "unknown benchmark $w (channel, crc32c, local, formats, http, s3, memory, device, cache, images, trainers, tune)" >&2; exit 2 ;;

@@ -125,9 +125,13 @@ options:
   --no-crc               skip the per-record crc32 (measures the pipeline alone)
   --max-record-bytes N   the largest record (line, object, TFRecord...) a decoder holds;
                          a larger one is corrupt (default 1073741824)
-  --tune                 let the tuner move the settings it can while the run lasts
-                         (today: http(s)/s3 requests in flight, from 8 up to --in-flight,
-                         256 when not given); its changes and choices end the table
+  --tune                 let the tuner move the settings it can while the run lasts:
+                         http(s)/s3 requests in flight (from 8 up to --in-flight, 256
+                         when not given), local files in flight (from 1 up to
+                         --files-in-flight, 16 when not given), image decoders and
+                         collating workers (from 1 up to --decode-threads and
+                         --collate-threads, the CPU pool's threads when not given); its
+                         changes and choices end the table
   --memory BYTES         one memory budget for the run, divided among the channels,
                          requests in flight (a quarter), the buffer pool (an eighth), tuned
                          or not; 0: none (default)
@@ -190,7 +194,7 @@ struct options {
     bool crc = true;
     double progress = 1;
     std::string metrics_file, trace;
-    bool sweep = false, tune = false, in_flight_given = false;
+    bool sweep = false, tune = false, in_flight_given = false, files_given = false, collate_given = false;
     std::uint64_t memory = 0;
     double sweep_seconds = 2, target_rate = 0;
     unsigned sweep_max = 128;
@@ -258,6 +262,7 @@ options parse(int argc, char** argv) {
             if (o.batch == 0) usage_error("--batch must be at least 1");
         } else if (a == "--collate-threads") {
             o.collate_threads = number<unsigned>(a, value());
+            o.collate_given = true;
         } else if (a == "--drop-last") {
             o.drop_last = true;
         } else if (a == "--shuffle") {
@@ -284,6 +289,7 @@ options parse(int argc, char** argv) {
             o.deterministic = true;
         } else if (a == "--files-in-flight") {
             o.files_in_flight = number<unsigned>(a, value());
+            o.files_given = true;
             if (o.files_in_flight == 0) usage_error("--files-in-flight must be at least 1");
         } else if (a == "--emit-keys") {
             o.emit_keys = value();
@@ -392,7 +398,10 @@ options parse(int argc, char** argv) {
         }
     }
     if (o.sources.empty()) usage_error("no SOURCE given");
-    if (o.tune && !o.in_flight_given) o.in_flight = 256;  // a ceiling: the tuner climbs from 8
+    // Ceilings: the tuner climbs from 8 requests, one file, one worker.
+    if (o.tune && !o.in_flight_given) o.in_flight = 256;
+    if (o.tune && !o.files_given) o.files_in_flight = 16;
+    if (o.tune && !o.collate_given) o.collate_threads = std::max(1u, o.threads ? o.threads : std::thread::hardware_concurrency());
     if (o.rank.has_value() != o.world.has_value()) usage_error("--rank and --world go together");
     if (o.world && (*o.world == 0 || *o.rank >= *o.world)) usage_error("--rank must be below --world");
     if (o.pinned && o.device) usage_error("--pinned is the host sink; --device collates into pinned memory itself");

@@ -90,12 +90,15 @@ class Pipeline:
     machine's cores). metrics: {"file": path, "port": n, "interval": seconds}, the live
     figures in Prometheus' text format (C++'s pipeline_options.metrics; port 0 picks a
     free one, metrics_port() says which). trace: a file for a Chrome trace of the run,
-    written when it stops."""
+    written when it stops. tune: let the tuner move requests in flight, files in flight
+    and the workers of decode and collation while it runs (C++'s pipeline_options.tune;
+    figures()["tuned"] lists what it chose, to pin). memory: one budget in bytes for the
+    whole pipeline (C++'s pipeline_options.memory; 0: none)."""
 
-    def __init__(self, chain, resume=b"", cpu_threads=0, metrics=None, trace=""):
+    def __init__(self, chain, resume=b"", cpu_threads=0, metrics=None, trace="", tune=False, memory=0):
         if isinstance(resume, (bytes, bytearray)):
             resume = bytes(resume).decode()
-        self._p = _sluice.Pipeline(chain.specs, resume, cpu_threads, metrics or {}, trace)
+        self._p = _sluice.Pipeline(chain.specs, resume, cpu_threads, metrics or {}, trace, tune, memory)
 
     def metrics_port(self):
         """The loopback port serving the figures (metrics={"port": 0} picks one); -1: none."""

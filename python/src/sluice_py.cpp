@@ -395,8 +395,9 @@ using any_pipeline = std::variant<std::unique_ptr<sluice::pipeline<sluice::host_
 class py_pipeline {
 public:
     py_pipeline(const py::list& specs, const std::string& resume, unsigned threads, const py::dict& metrics,
-                const std::string& trace) {
-        sluice::pipeline_options po{.runtime = {.cpu_threads = threads}, .resume = resume, .trace = trace};
+                const std::string& trace, bool tune, std::uint64_t memory) {
+        sluice::pipeline_options po{
+            .runtime = {.cpu_threads = threads}, .resume = resume, .tune = tune, .memory = memory, .trace = trace};
         // metrics={"file": ..., "port": ..., "interval": seconds}: C++'s metrics_options.
         for (auto [k, v] : metrics) {
             const auto key = py::cast<std::string>(k);
@@ -584,9 +585,10 @@ PYBIND11_MODULE(_sluice, m) {
         });
 
     py::class_<py_pipeline>(m, "Pipeline")
-        .def(py::init<const py::list&, const std::string&, unsigned, const py::dict&, const std::string&>(),
+        .def(py::init<const py::list&, const std::string&, unsigned, const py::dict&, const std::string&, bool,
+                      std::uint64_t>(),
              py::arg("specs"), py::arg("resume") = "", py::arg("cpu_threads") = 0, py::arg("metrics") = py::dict(),
-             py::arg("trace") = "")
+             py::arg("trace") = "", py::arg("tune") = false, py::arg("memory") = 0)
         .def("metrics_port", &py_pipeline::metrics_port, py::call_guard<py::gil_scoped_release>())
         .def("next", &py_pipeline::next)
         .def("stop", &py_pipeline::stop, py::call_guard<py::gil_scoped_release>())

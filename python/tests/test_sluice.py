@@ -140,6 +140,15 @@ class Batches(unittest.TestCase):
                 sluice.Pipeline(images(), metrics={"path": prom})
 
 
+    def test_tune_and_memory_take_the_cpp_names_and_change_nothing_that_arrives(self):
+        whole = label_runs(sluice.Pipeline(images()))
+        p = sluice.Pipeline(images(), tune=True, memory=256 << 20)
+        self.assertEqual(label_runs(p), whole)
+        f = p.figures()
+        self.assertIn("decode_images", {t["stage"] for t in f["tuned"]})
+        self.assertEqual(f["budget"][0]["bytes"], 256 << 20)
+
+
 class Map(unittest.TestCase):
     def lines_file(self, n):
         path = os.path.join(DATA.name, "lines-%d.txt" % n)

@@ -62,8 +62,10 @@ struct pipeline_options {
     /// one had left to yield (core/state.hpp). Empty: start from the beginning.
     std::string resume = {};
     /// Let the tuner move the settings stages offer it while the pipeline runs, toward the
-    /// highest delivered rate (core/detail/tuning.hpp): today fetch's requests in flight,
-    /// between its `.min_concurrency` and its `.concurrency` (the ceiling). Every change is
+    /// highest delivered rate (core/detail/tuning.hpp): fetch's requests in flight,
+    /// between its `.min_concurrency` and its `.concurrency` (the ceiling), and how many
+    /// workers of map, decode_images, batch's collation and read (files in flight) work,
+    /// from 1 up to their `.concurrency` (core/detail/worker_gate.hpp). Every change is
     /// in figures().tuning, the settings it chose in figures().tuned (pin them in a later
     /// run). Changes how fast, never what or in which order.
     bool tune = false;
@@ -309,6 +311,7 @@ private:
         std::uint64_t start_ns = 0;
         std::unique_ptr<detail::metrics_exporter> metrics;  // stopped before the runtime goes
         std::vector<detail::knob> knobs;                     // what the stages offer the tuner
+        std::vector<std::shared_ptr<detail::worker_gate>> gates;  // per link: its workers' gate when tuned
         std::uint64_t fixed_bytes = 0;                       // what stages hold whatever the budget
         std::vector<std::pair<std::string, std::uint64_t>> budget;  // its division, for the figures
         std::unique_ptr<detail::hill_climb> climb;           // under climb_m
@@ -457,6 +460,25 @@ private:
             for (auto& f : s.on_stop) r->env.cancellers.push_back(std::move(f));
         }
         r->env.run->check_noted();
+        // Tuned, the stages whose workers pass a gate (map, decode_images, batch's
+        // collation, read) offer how many of them work, from 1 to their .concurrency.
+        r->gates.resize(links.size());
+        if (opts_.tune)
+            for (std::size_t i = 0; i < links.size(); ++i) {
+                const auto& l = *links[i];
+                if (!l.gated || l.opts.concurrency < 2) continue;
+                auto g = std::make_shared<detail::worker_gate>(l.opts.concurrency, r->rt->executor_for(l.opts.on));
+                r->knobs.push_back({.stage = l.name,
+                                    .name = "concurrency",
+                                    .min = 1,
+                                    .max = l.opts.concurrency,
+                                    .start = 1,
+                                    .bytes_each = l.unit_bytes,
+                                    .bytes_now = nullptr,
+                                    .get = [g = g.get()] { return g->active(); },
+                                    .set = [g = g.get()](unsigned n) { g->set(n); }});
+                r->gates[i] = std::move(g);
+            }
         std::vector<channel_limits> limits;
         for (auto& l : links) limits.push_back(l->opts.out);
         if (opts_.memory) divide_budget(*r, limits);
@@ -491,7 +513,7 @@ private:
         }
         for (std::size_t i = 0; i < src_.links().size(); ++i) {
             src_.links()[i]->start(r->env, prev, r->channels[i].get(), *r->stats[i],
-                                   memory[i] ? memory[i] : r->rt->buffers(), states[i]);
+                                   memory[i] ? memory[i] : r->rt->buffers(), states[i], r->gates[i].get());
             prev = r->channels[i].get();
         }
         r->last = std::static_pointer_cast<channel<T>>(r->channels.back());
@@ -567,7 +589,10 @@ private:
         const auto now = detail::now_ns();
         f.seconds = double(now - r.start_ns) * 1e-9;
         f.io_loop_cpu_s = r.rt->io_cpu_seconds();  // the I/O loop's busy time
-        for (auto& s : r.stats) f.stages.push_back(snapshot(*s, now));
+        for (std::size_t i = 0; i < r.stats.size(); ++i) {
+            f.stages.push_back(snapshot(*r.stats[i], now));
+            if (i < r.gates.size() && r.gates[i]) f.stages.back().active = r.gates[i]->active();
+        }
         // The consumer: busy between receives, waiting inside them.
         stage_figures c;
         c.name = "consumer";

@@ -18,6 +18,7 @@
 
 #include <sluice/core/channel.hpp>
 #include <sluice/core/detail/turnstile.hpp>
+#include <sluice/core/detail/worker_gate.hpp>
 #include <sluice/core/runtime.hpp>
 #include <sluice/core/state.hpp>
 #include <sluice/core/stats.hpp>
@@ -191,6 +192,9 @@ namespace detail {
 struct context_internal {
     std::shared_ptr<void> state;
     run_state* run = nullptr;
+    /// How many of the stage's workers may take work, when the tuner moves it (see
+    /// detail::pass_gate); null otherwise.
+    worker_gate* gate = nullptr;
 };
 /// The library's plumbing in a stage's setup.
 struct knob;  // core/detail/tuning.hpp
@@ -326,14 +330,20 @@ struct link {
     std::string name;
     stage_options opts;
     bool counts_records = false;
+    /// Its workers pass a worker_gate before each item (detail::pass_gate), so the tuner may
+    /// move how many work, from 1 to opts.concurrency; `unit_bytes`: the memory one
+    /// working worker may hold (read: a chunk), 0 when small.
+    bool gated = false;
+    std::uint64_t unit_bytes = 0;
     virtual ~link() = default;
     /// Its output channel, with `limits` (the stage's `.out`, or the memory budget's share).
     virtual std::shared_ptr<void> make_output(channel_limits limits) const = 0;
     virtual std::function<void()> canceller(const std::shared_ptr<void>& out) const = 0;
     /// Optional; see stage_setup.
     std::function<void(stage_setup&)> setup;
-    virtual void start(run_env& env, void* in, void* out, stage_stats& st,
-                       std::shared_ptr<buffer_source> memory, std::shared_ptr<void> state) const = 0;
+    /// `gate`: when the tuner moves how many workers work (gated links only), else null.
+    virtual void start(run_env& env, void* in, void* out, stage_stats& st, std::shared_ptr<buffer_source> memory,
+                       std::shared_ptr<void> state, worker_gate* gate) const = 0;
 };
 
 template <class In, class Out>
@@ -347,8 +357,8 @@ struct link_impl final : link {
     std::function<void()> canceller(const std::shared_ptr<void>& out) const override {
         return [ch = static_cast<channel<Out>*>(out.get())] { ch->cancel(); };
     }
-    void start(run_env& env, void* in, void* out, stage_stats& st,
-               std::shared_ptr<buffer_source> memory, std::shared_ptr<void> setup_state) const override {
+    void start(run_env& env, void* in, void* out, stage_stats& st, std::shared_ptr<buffer_source> memory,
+               std::shared_ptr<void> setup_state, worker_gate* gate) const override {
         struct state {
             std::vector<std::unique_ptr<stage_context<In, Out>>> contexts;
             std::vector<std::unique_ptr<worker_life>> lives;
@@ -362,6 +372,10 @@ struct link_impl final : link {
         env.cancellers.push_back([ss = s->stop]() mutable { ss.request_stop(); });
         outch->on_cancel([ss = s->stop]() mutable { ss.request_stop(); });
         const unsigned n = std::max(1u, opts.concurrency);
+        if (gate) {  // a stop, or the consumer gone: no worker may wait at the gate for good
+            env.cancellers.push_back([gate] { gate->open(); });
+            outch->on_cancel([gate] { gate->open(); });
+        }
         if (n > 1 && opts.order == ordering::unordered)
             env.run->epochs_unknown("stage '" + name + "' is unordered (" + std::to_string(n) +
                                     " workers, output as completed), so the sequence depends on timing; build "
@@ -384,7 +398,7 @@ struct link_impl final : link {
             life->env = &env;
             s->contexts.push_back(std::make_unique<stage_context<In, Out>>(stage_context<In, Out>{
                 sluice::input<In>(inch, &c, life.get()), sluice::output<Out>(outch, &c, life.get()), env.rt, st, i,
-                s->turn.get(), memory, s->stop.get_token(), {setup_state, env.run.get()}}));
+                s->turn.get(), memory, s->stop.get_token(), {setup_state, env.run.get(), gate}}));
             s->lives.push_back(std::move(life));
             bodies.push_back(body(*s->contexts.back()));  // may throw: nothing counted yet
         }
@@ -398,8 +412,11 @@ struct link_impl final : link {
             auto* life = s->lives[i].get();
             // done must capture only raw pointers: the pipeline owns everything and
             // waits for env.finished() before destroying it.
-            life->done = [envp = &env, ctx, outch, c = &c](std::exception_ptr e) {
+            life->done = [envp = &env, ctx, outch, c = &c, gate](std::exception_ptr e) {
                 const bool stop = is_stop(e);
+                // One worker ended (end of input, an error, a stop): the others must reach
+                // their input to end the same way.
+                if (gate) gate->open();
                 if (e) {  // failed or stopped: stop upstream and sibling workers too
                     ctx->in.cancel();
                     if (ctx->turn) ctx->turn->cancel();
@@ -583,10 +600,30 @@ stage<In, Out> make_stage(std::string name, stage_options opts, Setup setup, Bod
 }
 
 namespace detail {
+/// `co_await pass_gate(ctx)` before taking an item, in the body of a gated stage (see
+/// link::gated and core/detail/worker_gate.hpp): waits while the tuner has this worker
+/// idle; passes at once untuned.
+template <class In, class Out>
+worker_gate::pass_op pass_gate(stage_context<In, Out>& ctx) {
+    return worker_gate::pass(ctx.internal.gate, ctx.worker, ctx.stats.worker(ctx.worker));
+}
+
+/// `s`, a stage of one link just made, with workers the tuner may gate (link::gated): its
+/// body passes pass_gate(ctx) before every item. `unit_bytes`: what one working worker
+/// may hold.
+template <class In, class Out>
+stage<In, Out> gated_stage(stage<In, Out> s, std::uint64_t unit_bytes = 0) {
+    auto l = std::make_shared<link_impl<In, Out>>(static_cast<const link_impl<In, Out>&>(*s.links().front()));
+    l->gated = true;
+    l->unit_bytes = unit_bytes;
+    return stage<In, Out>({std::move(l)});
+}
+
 template <class In, class Out, class F>
 task<void> item_worker(stage_context<In, Out>& ctx, F fn) {  // fn copied per worker
     std::vector<Out> outs;
     for (;;) {
+        co_await pass_gate(ctx);
         std::uint64_t ticket = 0;
         std::optional<In> item;
         std::exception_ptr upstream;
@@ -622,14 +659,15 @@ task<void> item_worker(stage_context<In, Out>& ctx, F fn) {  // fn copied per wo
 /// A stage from a plain function `void fn(In&& item, std::vector<Out>& out)` that turns one
 /// item into zero or more outputs. Each worker has its own copy of `fn`. With several
 /// workers and ordering::ordered, outputs keep the order of the inputs (a worker holds the
-/// outputs of one item until its turn).
+/// outputs of one item until its turn). Under pipeline_options::tune, how many of its
+/// workers work is the tuner's, up to `opts.concurrency`.
 template <class In, class Out, class F>
 stage<In, Out> make_item_stage(std::string name, stage_options opts, F fn,
                                bool counts_records = false) {
-    return make_stage<In, Out>(
+    return detail::gated_stage(make_stage<In, Out>(
         std::move(name), opts,
         [fn = std::move(fn)](stage_context<In, Out>& ctx) { return detail::item_worker(ctx, fn); },
-        counts_records);
+        counts_records));
 }
 
 }  // namespace sluice

@@ -39,6 +39,9 @@ struct worker_counters {
     std::atomic<std::uint64_t> items_in{0}, items_out{0}, bytes_in{0}, bytes_out{0};
     std::atomic<std::uint64_t> wait_in_ns{0}, wait_out_ns{0};
     std::atomic<std::uint64_t> start_ns{0}, end_ns{0};
+    /// When it began waiting at its stage's worker gate (pipeline_options::tune; 0: not
+    /// waiting there): a wait that may last the whole run counts as waiting while it lasts.
+    std::atomic<std::uint64_t> gated_since_ns{0};
     /// Its waits one by one, when the pipeline is traced (pipeline_options::trace).
     std::unique_ptr<detail::span_log> spans;
 
@@ -109,6 +112,8 @@ private:
 struct stage_figures {
     std::string name;
     unsigned workers = 0;
+    /// Workers the tuner lets take work (pipeline_options::tune); `workers` untuned.
+    unsigned active = 0;
     std::uint64_t items_in = 0, items_out = 0, bytes_in = 0, bytes_out = 0;
     double busy_s = 0, wait_input_s = 0, wait_output_s = 0;
     bool counts_records = false;
@@ -125,7 +130,7 @@ inline stage_figures snapshot(const stage_stats& s, std::uint64_t now_ns) {
     stage_figures f;
     f.name = s.name();
     f.counts_records = s.counts_records();
-    f.workers = static_cast<unsigned>(s.workers());
+    f.workers = f.active = static_cast<unsigned>(s.workers());
     std::uint64_t alive = 0, wi = 0, wo = 0;
     for (std::size_t i = 0; i < s.workers(); ++i) {
         const auto& w = s.worker(i);
@@ -135,6 +140,8 @@ inline stage_figures snapshot(const stage_stats& s, std::uint64_t now_ns) {
         f.bytes_out += w.bytes_out.load(std::memory_order_relaxed);
         const auto a = w.wait_in_ns.load(std::memory_order_relaxed);
         const auto b = w.wait_out_ns.load(std::memory_order_relaxed);
+        const auto gated = w.gated_since_ns.load(std::memory_order_relaxed);
+        if (gated && gated < now_ns) wi += now_ns - gated;  // counted in wait_in_ns when it ends
         wi += a;
         wo += b;
         const auto start = w.start_ns.load(std::memory_order_relaxed);

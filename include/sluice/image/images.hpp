@@ -209,7 +209,7 @@ inline auto decode_images(image_options o = {}) {
     auto make = [o]<class In>() {
         static_assert(std::is_same_v<In, record> || std::is_same_v<In, sample>,
                       "sluice::decode_images takes records (raw(), tar()) or samples (webdataset())");
-        return make_stage<In, image>(
+        return detail::gated_stage(make_stage<In, image>(
             "decode_images", {.concurrency = std::max(1u, o.concurrency), .order = o.order, .on = pool::cpu, .out = o.out},
             [o](stage_setup& s) {
                 auto run = std::make_shared<detail::image_run>();
@@ -223,7 +223,7 @@ inline auto decode_images(image_options o = {}) {
                 cv::setNumThreads(0);
                 return run;
             },
-            [](stage_context<In, image>& ctx, detail::image_run& run) { return detail::decode_images_worker<In>(ctx, run); });
+            [](stage_context<In, image>& ctx, detail::image_run& run) { return detail::decode_images_worker<In>(ctx, run); }));
     };
     return detail::deferred<decltype(make)>{make};
 }

@@ -188,6 +188,7 @@ template <class = void>  // a coroutine: compiled only where used (see make_stag
 task<void> read_worker(stage_context<shard, chunk>& ctx, read_options o) {
     const std::size_t chunk_size = o.chunk_size ? o.chunk_size : (4u << 20);
     for (;;) {
+        co_await pass_gate(ctx);  // files in flight, when tuned
         std::uint64_t ticket = 0;
         std::optional<shard> s;
         std::exception_ptr failed;
@@ -232,10 +233,11 @@ task<void> read_worker(stage_context<shard, chunk>& ctx, read_options o) {
 /// Example: `sluice::list("data/*.txt") | sluice::plan() | sluice::read({.chunk_size = 8 << 20})`
 template <class = void>  // compiled only where used (see make_stage)
 stage<shard, chunk> read(read_options o = {}) {
-    return make_stage<shard, chunk>(
-        "read",
-        {.concurrency = o.concurrency, .order = o.order, .on = o.on, .out = o.out},
-        [o](stage_context<shard, chunk>& ctx) { return detail::read_worker(ctx, o); });
+    // Under pipeline_options::tune, how many files are in flight is the tuner's (up to
+    // .concurrency); each holds a chunk being filled (none when mapped: page cache).
+    return detail::gated_stage(make_stage<shard, chunk>("read", {.concurrency = o.concurrency, .order = o.order, .on = o.on, .out = o.out},
+                                                        [o](stage_context<shard, chunk>& ctx) { return detail::read_worker(ctx, o); }),
+                               o.map ? 0 : (o.chunk_size ? o.chunk_size : (4u << 20)));
 }
 template <class A>
 stage<A, chunk> read(stage<A, shard> upstream, read_options o = {}) {

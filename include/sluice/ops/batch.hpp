@@ -247,14 +247,14 @@ stage<T, host_batch> collating_batch(batch_options o, C collate) {
                     return G{std::move(g), e, pos};
                 });
             });
-        auto collated = make_stage<G, host_batch>(
+        auto collated = gated_stage(make_stage<G, host_batch>(
             "batch", {.concurrency = o.concurrency, .order = ordering::ordered, .on = pool::cpu, .out = o.out},
             [o, stamped](stage_context<G, host_batch>& ctx) {
                 std::shared_ptr<buffer_source> mem = o.memory ? o.memory : ctx.memory;
                 return item_worker(ctx, [mem, stamped](G&& g, std::vector<host_batch>& out) {
                     out.push_back(stamped(g.items, *mem, g.epoch, g.position));
                 });
-            });
+            }));
         return group | collated;
     }
     return make_stage<T, host_batch>(

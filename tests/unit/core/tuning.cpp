@@ -111,3 +111,118 @@ TEST_CASE("started past the knee, the tuner halves while it costs under 5 %, the
     for (auto& c : climb.log()) tried_fewer |= c.why.find("try fewer") != std::string::npos;
     CHECK(tried_fewer);
 }
+
+// The worker gate (core/detail/worker_gate.hpp) in a running pipeline: how many of a
+// map's workers work is the tuner's, from 1 up to its .concurrency, without changing
+// what arrives or in which order, and a gated worker never holds up the end, an error or
+// a stop.
+#include <sluice/core/pipeline.hpp>
+#include <sluice/ops/from.hpp>
+#include <sluice/ops/map.hpp>
+
+#include <chrono>
+#include <numeric>
+#include <thread>
+
+namespace {
+using clock_type = std::chrono::steady_clock;
+// How many calls of a map's function run at once, at most, before and after a moment.
+struct overlap {
+    std::atomic<int> now{0}, most_early{0}, most{0};
+    clock_type::time_point t0 = clock_type::now();
+    std::chrono::milliseconds early{800};
+    void enter() {
+        const int n = ++now;
+        for (auto* m : {&most, clock_type::now() - t0 < early ? &most_early : &most}) {
+            int seen = m->load();
+            while (seen < n && !m->compare_exchange_weak(seen, n)) {
+            }
+        }
+    }
+    void leave() { --now; }
+};
+std::vector<int> iota(int n) {
+    std::vector<int> v(n);
+    std::iota(v.begin(), v.end(), 0);
+    return v;
+}
+}  // namespace
+
+TEST_CASE("tuned, a map's workers start at one and the tuner climbs them while it pays, in order", "[tune]") {
+    overlap o;
+    // 20 ms a call, so the rate follows the workers (1 -> 2 -> 4 doubles it each time);
+    // the pool has the threads for all of them.
+    auto slow = sluice::map([&](int x) {
+        o.enter();
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        o.leave();
+        return x;
+    }, {.concurrency = 4});
+    sluice::pipeline p(sluice::from(iota(400)) | slow, {.runtime = {.cpu_threads = 4}, .tune = true});
+    o.t0 = clock_type::now();
+    std::vector<int> got;
+    for (int x : p) got.push_back(x);
+    CHECK(got == iota(400));  // ordered map: same items, same order, tuned
+    // The tuner's first move comes after two windows (a second): until then, one worker.
+    CHECK(o.most_early.load() == 1);
+    CHECK(o.most.load() == 4);
+    const auto f = p.figures();
+    REQUIRE(f.tuned.size() == 1);
+    CHECK(f.tuned[0].stage == "map");
+    CHECK(f.tuned[0].knob == "concurrency");
+    CHECK(f.tuned[0].value == 4);
+    bool one_to_two = false;
+    for (auto& c : f.tuning) one_to_two = one_to_two || (c.stage == "map" && c.from == 1 && c.to == 2);
+    CHECK(one_to_two);
+    CHECK(f.table().find("map.concurrency = 4") != std::string::npos);
+}
+
+TEST_CASE("gated workers end with the input, with an error, and with a stop", "[tune]") {
+    auto ident = [](int x) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        return x;
+    };
+    SECTION("the end of the input: the gated workers see it too") {
+        sluice::pipeline p(sluice::from(iota(30)) | sluice::map(ident, {.concurrency = 8}), {.tune = true});
+        std::vector<int> got;
+        for (int x : p) got.push_back(x);
+        CHECK(got == iota(30));
+        const auto f = p.figures();
+        REQUIRE(f.tuned.size() == 1);
+        CHECK(f.tuned[0].value == 1);  // over before the tuner's first move
+    }
+    SECTION("an error: it arrives after the items before it") {
+        auto failing = sluice::map([](int x) {
+            if (x == 20) throw std::runtime_error("item 20 is bad");
+            return x;
+        }, {.concurrency = 8});
+        sluice::pipeline p(sluice::from(iota(100)) | failing, {.tune = true});
+        std::vector<int> got;
+        std::string what;
+        try {
+            for (int x : p) got.push_back(x);
+        } catch (const std::exception& e) {
+            what = e.what();
+        }
+        CHECK(what.find("item 20 is bad") != std::string::npos);
+        CHECK(got == iota(20));
+    }
+    SECTION("a stop while seven of eight wait at the gate") {
+        std::vector<int> many(100000, 1);
+        sluice::pipeline p(sluice::from(many) | sluice::map(ident, {.concurrency = 8}), {.tune = true});
+        int taken = 0;
+        for (int x : p) {
+            taken += x;
+            if (taken == 50) break;
+        }
+        const auto t0 = clock_type::now();
+        p.stop();
+        CHECK(clock_type::now() - t0 < std::chrono::seconds(10));  // a generous bound: it must not hang
+        const auto f = p.figures();
+        REQUIRE(f.stages.size() == 3);
+        CHECK(f.stages[1].workers == 8);
+        CHECK(f.stages[1].active == 1);
+        // The seven idle workers' time at the gate is waiting for input, not work.
+        CHECK(f.stages[1].busy_s < 2 * f.seconds);
+    }
+}

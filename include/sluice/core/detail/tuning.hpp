@@ -221,7 +221,9 @@ private:
         std::vector<double> busy;
         for (std::size_t i = 0; i < f.stages.size(); ++i) {
             const auto& s = f.stages[i];
-            const double per_worker = s.busy_s / (s.workers ? s.workers : 1);
+            // Per working worker: a tuned stage's idle ones wait at its gate.
+            const unsigned n = s.active ? s.active : s.workers;
+            const double per_worker = s.busy_s / (n ? n : 1);
             busy.push_back(per_worker);
             const double gained = per_worker - (i < last_busy_.size() ? last_busy_[i] : 0.0);
             if (gained > most) {
