@@ -453,7 +453,9 @@ private:
             s.internal.run = r->env.run.get();
             if (opts_.tune || opts_.memory) s.internal.knobs = &r->knobs;
             if (opts_.memory) s.internal.fixed_bytes = &r->fixed_bytes;
+            const std::size_t knobs_before = r->knobs.size();
             links[i]->setup(s);
+            for (std::size_t k = knobs_before; k < r->knobs.size(); ++k) r->knobs[k].at = i;  // its stage in the figures
             if (i + 1 == links.size()) r->last_wait_check = std::move(s.internal.consumer_wait_check);
             r->env.keep.push_back(s.internal.state);  // before its on_stop can run: ~running cancels
             states[i] = std::move(s.internal.state);
@@ -476,7 +478,9 @@ private:
                                     .bytes_each = l.unit_bytes,
                                     .bytes_now = nullptr,
                                     .get = [g = g.get()] { return g->active(); },
-                                    .set = [g = g.get()](unsigned n) { g->set(n); }});
+                                    .set = [g = g.get()](unsigned n) { g->set(n); },
+                                    .pressure = nullptr,
+                                    .at = i});
                 r->gates[i] = std::move(g);
             }
         std::vector<channel_limits> limits;

@@ -368,27 +368,22 @@ struct link_impl final : link {
         auto s = std::make_shared<state>();
         auto* inch = static_cast<channel<In>*>(in);
         auto* outch = static_cast<channel<Out>*>(out);
-        // The stage stops with the pipeline, and when its consumer is gone.
-        env.cancellers.push_back([ss = s->stop]() mutable { ss.request_stop(); });
-        outch->on_cancel([ss = s->stop]() mutable { ss.request_stop(); });
         const unsigned n = std::max(1u, opts.concurrency);
-        if (gate) {  // a stop, or the consumer gone: no worker may wait at the gate for good
-            env.cancellers.push_back([gate] { gate->open(); });
-            outch->on_cancel([gate] { gate->open(); });
-        }
         if (n > 1 && opts.order == ordering::unordered)
             env.run->epochs_unknown("stage '" + name + "' is unordered (" + std::to_string(n) +
                                     " workers, output as completed), so the sequence depends on timing; build "
                                     "it with .order = sluice::ordering::ordered (sluice-probe --deterministic)");
-        if (n > 1 && opts.order == ordering::ordered) {
-            s->turn = std::make_unique<turnstile>();
-            env.cancellers.push_back([t = s->turn.get()] { t->cancel(); });
-            // The consumer gone: no worker may wait for a turn that will never come.
-            outch->on_cancel([ss = s->stop, t = s->turn.get()]() mutable {
-                ss.request_stop();
-                t->cancel();
-            });
-        }
+        if (n > 1 && opts.order == ordering::ordered) s->turn = std::make_unique<turnstile>();
+        // The stage stops with the pipeline, and when its consumer is gone; then no worker
+        // may wait for a turn that will never come, nor at the gate for good. (One hook:
+        // a channel keeps one.)
+        auto stop_all = [ss = s->stop, t = s->turn.get(), gate]() mutable {
+            ss.request_stop();
+            if (t) t->cancel();
+            if (gate) gate->open();
+        };
+        env.cancellers.push_back(stop_all);
+        outch->on_cancel(stop_all);
         auto ex = env.rt.executor_for(opts.on);
         std::vector<task<void>> bodies;
         for (unsigned i = 0; i < n; ++i) {

@@ -138,10 +138,12 @@ inline stage_figures snapshot(const stage_stats& s, std::uint64_t now_ns) {
         f.items_out += w.items_out.load(std::memory_order_relaxed);
         f.bytes_in += w.bytes_in.load(std::memory_order_relaxed);
         f.bytes_out += w.bytes_out.load(std::memory_order_relaxed);
-        const auto a = w.wait_in_ns.load(std::memory_order_relaxed);
+        const auto a = w.wait_in_ns.load(std::memory_order_acquire);
         const auto b = w.wait_out_ns.load(std::memory_order_relaxed);
+        // A wait at the worker gate still going on, counted in wait_in_ns when it ends
+        // (read after it: a wait that just ended is counted short, never twice).
         const auto gated = w.gated_since_ns.load(std::memory_order_relaxed);
-        if (gated && gated < now_ns) wi += now_ns - gated;  // counted in wait_in_ns when it ends
+        if (gated && gated < now_ns) wi += now_ns - gated;
         wi += a;
         wo += b;
         const auto start = w.start_ns.load(std::memory_order_relaxed);
@@ -187,12 +189,16 @@ struct pipeline_figures {
     /// With pipeline_options::memory: how the budget was divided (what, bytes).
     std::vector<std::pair<std::string, std::uint64_t>> budget;
 
+    /// Busy seconds per working worker (a tuned stage's idle workers wait at its gate).
+    static double load(const stage_figures& s) {
+        const unsigned n = s.active ? s.active : s.workers;
+        return s.busy_s / (n ? n : 1);
+    }
     /// The stage that limits throughput: the one whose workers spent the most time
     /// working (busy seconds per worker). A stage that finished early (list, plan) or
     /// spent its time waiting on its neighbours cannot be it.
     std::string bottleneck() const {
         const stage_figures* best = nullptr;
-        auto load = [](const stage_figures& s) { return s.busy_s / (s.workers ? s.workers : 1); };
         for (auto& s : stages)
             if (!best || load(s) > load(*best)) best = &s;
         return best ? best->name : std::string{};
@@ -207,7 +213,6 @@ struct pipeline_figures {
     /// stages (the consumer left out). Empty when there are none.
     std::string held_back_by() const {
         const stage_figures* best = nullptr;
-        auto load = [](const stage_figures& s) { return s.busy_s / (s.workers ? s.workers : 1); };
         for (auto& s : stages)
             if (s.name != "consumer" && (!best || load(s) > load(*best))) best = &s;
         return best ? best->name : std::string{};

@@ -226,3 +226,21 @@ TEST_CASE("gated workers end with the input, with an error, and with a stop", "[
         CHECK(f.stages[1].busy_s < 2 * f.seconds);
     }
 }
+
+TEST_CASE("the tuner tells two stages of the same name apart: it climbs the one that limits", "[tune]") {
+    auto fast = sluice::map([](int x) { return x; }, {.concurrency = 4});
+    auto slow = sluice::map([](int x) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        return x;
+    }, {.concurrency = 4});  // also named "map"
+    sluice::pipeline p(sluice::from(iota(300)) | fast | slow, {.runtime = {.cpu_threads = 4}, .tune = true});
+    std::vector<int> got;
+    for (int x : p) got.push_back(x);
+    CHECK(got == iota(300));
+    const auto f = p.figures();
+    REQUIRE(f.tuned.size() == 2);  // in the order of the stages
+    CHECK(f.tuned[0].stage == "map");
+    CHECK(f.tuned[1].stage == "map");
+    CHECK(f.tuned[0].value == 1);  // the fast one never limited the rate
+    CHECK(f.tuned[1].value == 4);
+}

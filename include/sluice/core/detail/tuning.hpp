@@ -42,6 +42,9 @@ struct knob {
     std::function<unsigned()> get;
     std::function<void(unsigned)> set;
     const std::atomic<std::uint64_t>* pressure = nullptr;  // grows while the source throttles
+    /// The stage's place in pipeline_figures::stages (set by the pipeline; two stages may
+    /// share a name); npos: found by name.
+    std::size_t at = static_cast<std::size_t>(-1);
 };
 
 /// Caps the knobs whose units hold memory so that together they spend at most a quarter
@@ -87,7 +90,7 @@ public:
         const auto [records, bytes] = f.records_and_bytes();
         in_bytes_ = bytes != 0;
         const double amount = in_bytes_ ? double(bytes) : double(records);
-        const std::string held = window_bottleneck(f);
+        const std::size_t held = window_bottleneck(f);
         if (last_now_ < 0) {
             last_now_ = now;
             last_amount_ = amount;
@@ -147,7 +150,7 @@ public:
             }
             st.rate_before = rate;
             // Climb only the stage that limited the rate in this window.
-            if (held != k.stage) continue;
+            if (!is(k, held, f)) continue;
             const unsigned top = ceiling(k);
             if (st.down) {  // going down: halve while it costs under 5 %
                 if (cur <= k.min) {
@@ -213,22 +216,27 @@ private:
         st.pressure = p;
         return moved;
     }
-    // The bottleneck of the last window (busy time per worker gained since the last
-    // call), not of the whole run: stages that finished or changed pace count as they are.
-    std::string window_bottleneck(const pipeline_figures& f) {
-        std::string best;
+    // Whether `k` belongs to the stage at `i` of the figures.
+    static bool is(const knob& k, std::size_t i, const pipeline_figures& f) {
+        if (i >= f.stages.size()) return false;
+        return k.at != static_cast<std::size_t>(-1) ? k.at == i : f.stages[i].name == k.stage;
+    }
+    // The bottleneck of the last window (busy time gained since the last call, per
+    // working worker), not of the whole run: stages that finished or changed pace count as
+    // they are. Its index in f.stages; npos when none gained.
+    std::size_t window_bottleneck(const pipeline_figures& f) {
+        std::size_t best = static_cast<std::size_t>(-1);
         double most = -1;
         std::vector<double> busy;
         for (std::size_t i = 0; i < f.stages.size(); ++i) {
             const auto& s = f.stages[i];
+            busy.push_back(s.busy_s);
             // Per working worker: a tuned stage's idle ones wait at its gate.
             const unsigned n = s.active ? s.active : s.workers;
-            const double per_worker = s.busy_s / (n ? n : 1);
-            busy.push_back(per_worker);
-            const double gained = per_worker - (i < last_busy_.size() ? last_busy_[i] : 0.0);
+            const double gained = (s.busy_s - (i < last_busy_.size() ? last_busy_[i] : 0.0)) / (n ? n : 1);
             if (gained > most) {
                 most = gained;
-                best = s.name;
+                best = i;
             }
         }
         last_busy_ = std::move(busy);

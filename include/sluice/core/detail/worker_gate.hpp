@@ -8,7 +8,8 @@
 // stage hands out tickets as items are received), so lowering `active` cannot stall the
 // workers that keep going, and raising it wakes the waiting ones on the stage's executor.
 // The time a worker waits there is counted as waiting for input (the stage was given no
-// work), and the figures divide the stage's busy time by its active workers.
+// work), and the tuner and the bottleneck divide the stage's busy time by its active
+// workers (stage_figures::active).
 // Once any worker ends (end of input, an error, a stop) the gate opens for good, so every
 // worker reaches its input and ends the same way; a stop opens it too.
 
@@ -72,8 +73,13 @@ public:
         }
         void await_resume() const {
             if (!t0) return;
+            // No longer pending, then counted (release): a snapshot that sees it counted
+            // (acquire) sees it no longer pending (snapshot in core/stats.hpp reads in the
+            // other order), so a wait is counted short for an instant, never twice.
+            const std::uint64_t t1 = now_ns();
             c->gated_since_ns.store(0, std::memory_order_relaxed);
-            c->input_meter().add(t0, now_ns());
+            c->wait_in_ns.fetch_add(t1 - t0, std::memory_order_release);
+            if (c->spans) c->spans->add(t0, t1, span_log::wait_input);
         }
     };
     /// `co_await worker_gate::pass(gate, i, counters)` before worker i takes an item; the wait counts as
