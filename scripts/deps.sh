@@ -10,6 +10,7 @@
 #                            pip install and its tests), python3 (its tarfile writes the tar
 #                            test archives and runs the fault-injecting HTTP server),
 #                            clang and libFuzzer (the fuzz targets), nginx (HTTP tests),
+#                            iproute2 (ip and tc: the simulated nodes' namespaces),
 #                            Node.js + npm and s3rver (S3 listing tests, installed into
 #                            tests/support/s3rver/node_modules from its package-lock.json),
 #                            moto_server and boto3 (signed S3 tests; moto is not packaged
@@ -33,9 +34,10 @@ packages=(g++ make cmake libasio-dev catch2 zlib1g-dev libcurl4-openssl-dev libp
 # Python module's build (python3-dev, pybind11-dev), its pip install (python3-pip,
 # python3-setuptools) and its tests (python3-torch: torch.from_dlpack). The exported
 # figures are read back by prometheus_client's own parser (python3-prometheus-client).
+# The simulated nodes (tests/support/sim_nodes.py) need ip and tc (iproute2).
 [ $test_deps = 1 ] && packages+=(python3 clang libclang-rt-dev nginx python3-pil python3-numpy libjpeg-turbo-progs libtorch-dev
                                  python3-dev pybind11-dev python3-pip python3-setuptools python3-torch
-                                 python3-prometheus-client)
+                                 python3-prometheus-client iproute2)
 # bench/run.sh's peers: PyTorch's DataLoader with torchvision, and boto3 in its workers
 # (Debian's, for /usr/bin/python3); nginx's echo_sleep delays the first byte of the remote rows.
 [ $bench_deps = 1 ] && packages+=(python3-torch python3-torchvision python3-boto3 libnginx-mod-http-echo)

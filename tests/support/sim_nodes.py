@@ -1,0 +1,286 @@
+#!/usr/bin/env python3
+"""Simulated nodes (issue 20, part 5): network namespaces joined by veth pairs, a "store"
+namespace running nginx, and N "node" namespaces each running R ranks of sluice-probe
+over a link limited by tbf (no netem on these kernels: see PLATFORM.md). Checks, for a
+whole run: every rank of the world takes the same number of records (equal steps), the
+records of all ranks together are each shard's records once (no loss, no repeat), and
+each node's download rate is near its link's rate; then, in a second run, that cutting one
+node's link mid-run makes that node's ranks fail clearly (an error naming the URL) while
+the other nodes finish, and that nothing hangs.
+
+Every namespace and link it makes is removed at the end, also when a check fails or the
+script is interrupted. Exit 0: passed; 1: failed; 77: skipped (namespaces cannot be made
+here: not root, no `ip`, no nginx), reported as skipped by CTest (SKIP_RETURN_CODE).
+
+    sim_nodes.py --probe PATH --gen PATH [--nodes 2] [--ranks 2] [--rate-mbit 100] [--json]
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+SKIP = 77
+
+
+def sh(*cmd, check=True, ns=None):
+    full = (["ip", "netns", "exec", ns] if ns else []) + list(cmd)
+    r = subprocess.run(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if check and r.returncode != 0:
+        raise RuntimeError("%s: %s" % (" ".join(full), r.stderr.strip()))
+    return r
+
+
+class Nodes:
+    """The namespaces and links of one simulated cluster; remove() undoes all of it."""
+
+    def __init__(self, nodes, rate_mbit):
+        tag = "sl%d" % (os.getpid() % 100000)
+        self.store = tag + "st"
+        self.nodes = ["%sn%d" % (tag, i) for i in range(nodes)]
+        self.links = []  # (store side, node side, node namespace, node address, store address)
+        self.made_ns = []
+        self.rate_mbit = rate_mbit
+        self.tag = tag
+
+    def make(self):
+        for ns in [self.store] + self.nodes:
+            sh("ip", "netns", "add", ns)
+            self.made_ns.append(ns)
+            sh("ip", "link", "set", "lo", "up", ns=ns)
+        for i, ns in enumerate(self.nodes):
+            s_end, n_end = "%ss%d" % (self.tag, i), "%sv%d" % (self.tag, i)
+            # Created in the store namespace, so deleting the namespaces deletes the pair.
+            sh("ip", "link", "add", s_end, "type", "veth", "peer", "name", n_end, ns=self.store)
+            sh("ip", "link", "set", n_end, "netns", ns, ns=self.store)
+            store_ip, node_ip = "10.213.%d.1" % i, "10.213.%d.2" % i
+            sh("ip", "addr", "add", store_ip + "/24", "dev", s_end, ns=self.store)
+            sh("ip", "addr", "add", node_ip + "/24", "dev", n_end, ns=ns)
+            sh("ip", "link", "set", s_end, "up", ns=self.store)
+            sh("ip", "link", "set", n_end, "up", ns=ns)
+            # The node's link: what the store sends it (downloads) and what it sends back.
+            for end, where in ((s_end, self.store), (n_end, ns)):
+                sh("tc", "qdisc", "add", "dev", end, "root", "tbf", "rate", "%dmbit" % self.rate_mbit,
+                   "burst", "64kb", "latency", "50ms", ns=where)
+            self.links.append((s_end, n_end, ns, node_ip, store_ip))
+
+    def rx_bytes(self, i):
+        _, n_end, ns, _, _ = self.links[i]
+        return int(sh("cat", "/sys/class/net/%s/statistics/rx_bytes" % n_end, ns=ns).stdout)
+
+    def cut(self, i):
+        s_end, n_end, ns, _, _ = self.links[i]
+        sh("ip", "link", "set", s_end, "down", ns=self.store)
+        sh("ip", "link", "set", n_end, "down", ns=ns)
+
+    def remove(self):
+        for ns in reversed(self.made_ns):
+            sh("ip", "netns", "del", ns, check=False)
+        self.made_ns = []
+
+
+def start_nginx(nodes, root, work):
+    conf = os.path.join(work, "nginx.conf")
+    user = "user root;" if os.getuid() == 0 else ""
+    with open(conf, "w") as f:
+        f.write("daemon off; worker_processes 1; %s pid %s/nginx.pid; error_log %s/error.log;\n"
+                "events { worker_connections 1024; }\n"
+                "http { access_log %s/access.log; sendfile on; keepalive_requests 100000;\n"
+                " client_body_temp_path %s; proxy_temp_path %s; fastcgi_temp_path %s; uwsgi_temp_path %s;"
+                " scgi_temp_path %s;\n server { listen 8080; root %s; } }\n"
+                % ((user,) + (work,) * 8 + (root,)))
+    p = subprocess.Popen(["ip", "netns", "exec", nodes.store, "nginx", "-p", work, "-c", conf, "-e",
+                          os.path.join(work, "error.log")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    store_ip = nodes.links[0][4]
+    for _ in range(100):
+        if sh("curl", "-s", "-o", "/dev/null", "-r", "0-0", "http://%s:8080/" % store_ip, check=False,
+              ns=nodes.nodes[0]).returncode == 0:
+            return p
+        time.sleep(0.1)
+    p.kill()
+    p.wait()
+    raise RuntimeError("nginx did not start in the store namespace: %s" % open(os.path.join(work, "error.log")).read())
+
+
+def run_ranks(args, nodes, shards, counts, work, cut_node=None):
+    """Runs every rank; returns [(node, rank, returncode, json or None, stderr, seconds)] and
+    each node's received bytes and seconds."""
+    world = len(nodes.nodes) * args.ranks
+    procs = []
+    before = [nodes.rx_bytes(i) for i in range(len(nodes.nodes))]
+    t0 = time.monotonic()
+    for i, ns in enumerate(nodes.nodes):
+        store_ip = nodes.links[i][4]
+        urls = ["http://%s:8080/%s" % (store_ip, s) for s in shards]
+        for r in range(args.ranks):
+            rank = i * args.ranks + r
+            keys = os.path.join(work, "keys-%d.txt" % rank)
+            cmd = ["ip", "netns", "exec", ns, args.probe, "--json", "--quiet", "--format", "tar", "--rank", str(rank),
+                   "--world", str(world), "--counts", counts, "--emit-keys", keys, "--in-flight", "4",
+                   "--stall-seconds", "3", "--retries", "2"] + urls
+            err = open(os.path.join(work, "rank-%d.err" % rank), "w+")
+            procs.append((i, rank, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True), err, keys))
+    if cut_node is not None:
+        # Mid-run: once the node has received its first MiB (its ranks are fetching).
+        while nodes.rx_bytes(cut_node) - before[cut_node] < (1 << 20) and time.monotonic() < t0 + args.timeout:
+            time.sleep(0.02)
+        nodes.cut(cut_node)
+    deadline = t0 + args.timeout
+    ended = {}
+    while len(ended) < len(procs):
+        for i, rank, p, err, keys in procs:
+            if rank not in ended and p.poll() is not None:
+                ended[rank] = time.monotonic()
+        if time.monotonic() > deadline:
+            for i, rank, p, err, keys in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            late = [r for _, r, _, _, _ in procs if r not in ended]
+            raise RuntimeError("ranks %s did not end within %d s: a hang" % (late, args.timeout))
+        time.sleep(0.01)
+    out = []
+    node_end = [t0] * len(nodes.nodes)
+    for i, rank, p, err, keys in procs:
+        stdout = p.stdout.read()
+        p.wait()
+        node_end[i] = max(node_end[i], ended[rank])
+        err.seek(0)
+        try:
+            doc = json.loads(stdout)
+        except ValueError:
+            doc = None
+        out.append((i, rank, p.returncode, doc, err.read(), ended[rank] - t0, keys))
+    after = [nodes.rx_bytes(i) if i != cut_node else before[i] for i in range(len(nodes.nodes))]
+    return out, [(after[i] - before[i], node_end[i] - t0) for i in range(len(nodes.nodes))]
+
+
+def interrupted(signum, frame):
+    raise KeyboardInterrupt  # so that the namespaces are removed on the way out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--probe", required=True)
+    ap.add_argument("--gen", required=True)
+    ap.add_argument("--nodes", type=int, default=2)
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--rate-mbit", type=int, default=100)
+    ap.add_argument("--shards", type=int, default=16)
+    ap.add_argument("--records", type=int, default=128)
+    ap.add_argument("--record-size", type=int, default=16384)
+    ap.add_argument("--timeout", type=int, default=120)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    if os.getuid() != 0 or not shutil.which("ip") or not shutil.which("tc") or not shutil.which("nginx"):
+        print("[test skipped] simulated nodes need root, ip, tc and nginx")
+        return SKIP
+    nodes = Nodes(args.nodes, args.rate_mbit)
+    work = tempfile.mkdtemp(prefix="sluice-nodes-")
+    nginx = None
+    failures = []
+    old = {s: signal.signal(s, interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        try:
+            nodes.make()
+        except RuntimeError as e:
+            print("[test skipped] network namespaces cannot be made here: %s" % e)
+            return SKIP
+        data = os.path.join(work, "data")
+        counts = os.path.join(work, "counts.txt")
+        gen = subprocess.run([args.gen, data, "--format", "tar", "--files", str(args.shards), "--records",
+                              str(args.records), "--record-size", str(args.record_size), "--uneven", "--counts",
+                              counts, "--seed", "5"], stdout=subprocess.PIPE, text=True, check=True)
+        expected = json.loads(gen.stdout)
+        shards = sorted(os.listdir(data))
+        nginx = start_nginx(nodes, data, work)
+        world = args.nodes * args.ranks
+        total = expected["records"]
+        share = total // world
+
+        # 1. The whole run.
+        ranks, per_node = run_ranks(args, nodes, shards, counts, work)
+        seen = {}
+        report = {"nodes": args.nodes, "ranks_per_node": args.ranks, "link_mbit": args.rate_mbit, "records": total,
+                  "share": share, "per_node": [], "ranks": []}
+        for i, rank, rc, doc, err, secs, keys in ranks:
+            got = doc.get("records") if doc else None
+            report["ranks"].append({"node": i, "rank": rank, "rc": rc, "records": got, "seconds": round(secs, 2)})
+            if rc != 0 or not doc:
+                failures.append("rank %d failed (%d): %s" % (rank, rc, err.strip()[-400:]))
+                continue
+            if got != share:
+                failures.append("rank %d took %s records, not its share %d: unequal steps" % (rank, got, share))
+            with open(keys) as f:
+                for k in f.read().split():
+                    key = k.split("/")[-1]
+                    seen[key] = seen.get(key, 0) + 1
+        repeated = [k for k, n in seen.items() if n > 1]
+        if repeated:
+            failures.append("%d records delivered more than once, e.g. %s" % (len(repeated), repeated[:3]))
+        if len(seen) != share * world:
+            failures.append("%d distinct records delivered, not %d" % (len(seen), share * world))
+        link = args.rate_mbit * 1e6 / 8
+        for i, (b, s) in enumerate(per_node):
+            rate = b / s if s > 0 else 0
+            # What the node's ranks delivered, beside what crossed its link: ranks of one
+            # node fetch the shards their shares have in common once each (no coalescing yet).
+            data = sum(d.get("payload_bytes", 0) for n, _, _, d, _, _, _ in ranks if n == i and d)
+            report["per_node"].append({"node": i, "link_bytes": b, "delivered_bytes": data, "seconds": round(s, 2),
+                                       "MB_per_s": round(rate / 1e6, 2), "share_of_link": round(rate / link, 3),
+                                       "link_bytes_per_delivered": round(b / data, 2) if data else None})
+            # Near the link's rate: a share this small would mean the node did not use it.
+            if rate < 0.5 * link:
+                failures.append("node %d received %.1f MB/s, under half its link's %.1f MB/s" % (i, rate / 1e6, link / 1e6))
+
+        # 2. One node's link cut mid-run: its ranks fail naming what failed; the others finish.
+        for f in os.listdir(work):
+            if f.startswith("keys-"):
+                os.remove(os.path.join(work, f))
+        cut = args.nodes - 1
+        ranks, _ = run_ranks(args, nodes, shards, counts, work, cut_node=cut)
+        report["cut"] = {"node": cut, "ranks": []}
+        for i, rank, rc, doc, err, secs, keys in ranks:
+            message = (doc or {}).get("error", "") or err.strip()[-300:]
+            report["cut"]["ranks"].append({"node": i, "rank": rank, "rc": rc, "seconds": round(secs, 2),
+                                           "error": message[:200]})
+            if i == cut:
+                if rc == 0:
+                    failures.append("rank %d on the cut node reported success" % rank)
+                elif "http://10.213.%d.1:8080/" % cut not in message:
+                    failures.append("rank %d on the cut node failed without naming the URL: %s" % (rank, message))
+            elif rc != 0 or not doc or doc.get("records") != share:
+                failures.append("rank %d on a whole node did not finish its share after the cut: %s" % (rank, message))
+        if args.json:
+            print(json.dumps(report))
+        else:
+            print(json.dumps(report, indent=1))
+    except KeyboardInterrupt:
+        failures.append("interrupted")
+    finally:
+        if nginx:
+            nginx.terminate()
+            try:
+                nginx.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                nginx.kill()
+                nginx.wait()
+        nodes.remove()
+        shutil.rmtree(work, ignore_errors=True)
+        for s, h in old.items():
+            signal.signal(s, h)
+    left = [ns for ns in sh("ip", "netns", "list", check=False).stdout.split() if ns.startswith(nodes.tag)]
+    if left:
+        failures.append("namespaces left behind: %s" % left)
+    for f in failures:
+        print("FAILED: " + f, file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
