@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs each benchmark beside its peer, on the same data in the same run, and prints the
 # figures and ratios (one JSON object per line on stdout, a summary on stderr).
-#   bench/run.sh [channel|crc32c|local|formats|http|s3|memory|device|cache|images|trainers|tune]...     (default: all)
+#   bench/run.sh [channel|crc32c|local|formats|http|s3|memory|device|cache|images|trainers|tune|nodes]...     (default: all)
 # Data goes to build-release/bench-data (made once: 2.1 GiB of lines; for formats also
 # 2.1 GiB each of tar and TFRecord and a gzip'd copy of the TFRecord set).
 set -euo pipefail
@@ -15,7 +15,7 @@ field() { grep -o "\"$1\": *[^,}]*" | head -1 | cut -d: -f2 | tr -d '" '; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
 now() { date +%s.%N; }
 what=("$@")
-[ ${#what[@]} -eq 0 ] && what=(channel crc32c local formats http s3 memory device cache images trainers tune)
+[ ${#what[@]} -eq 0 ] && what=(channel crc32c local formats http s3 memory device cache images trainers tune nodes)
 
 data=$build/bench-data
 make_data() {
@@ -666,6 +666,22 @@ open(sys.argv[1] + "/sizes", "w").write("%d\n" % sum(sizes))' "$www/w"
     fi
     kill $ngx_pid $fault_pid 2>/dev/null; wait $ngx_pid $fault_pid 2>/dev/null || true; rm -rf "$ngx"; trap - EXIT
     ;;
-  *) echo "unknown benchmark $w (channel, crc32c, local, formats, http, s3, memory, device, cache, images, trainers, tune)" >&2; exit 2 ;;
+  nodes)
+    # Issue 20: simulated nodes (tests/support/sim_nodes.py): a store namespace with nginx,
+    # 2 node namespaces of 2 ranks each, every node's link limited to 1 Gbit/s by tbf;
+    # each node's download rate beside its link's rate, and what the link carried beside
+    # what the node's ranks delivered (ranks of one node do not share fetches yet).
+    o=$(/usr/bin/python3 tests/support/sim_nodes.py --probe "$probe" --gen "$build/examples/sluice-gen" --json \
+          --rate-mbit 1000 --shards 32 --records 256 --record-size 65536) || rc=$?
+    if [ "${rc:-0}" = 77 ]; then echo "nodes: skipped (network namespaces cannot be made here)" >&2; continue; fi
+    [ "${rc:-0}" = 0 ] || { echo "nodes: the simulated nodes failed" >&2; exit 1; }
+    echo "$o"
+    echo "$o" | /usr/bin/python3 -c 'import json, sys
+d = json.load(sys.stdin)
+for n in d["per_node"]:
+    print("nodes: node %d received %.1f MB/s on a %d Mbit/s link (%.2f of it); the link carried %.2f x what its ranks delivered"
+          % (n["node"], n["MB_per_s"], d["link_mbit"], n["share_of_link"], n["link_bytes_per_delivered"]), file=sys.stderr)'
+    ;;
+  *) echo "unknown benchmark $w (channel, crc32c, local, formats, http, s3, memory, device, cache, images, trainers, tune, nodes)" >&2; exit 2 ;;
   esac
 done
