@@ -184,9 +184,12 @@ inline std::string local_path(const std::string& url) {
     return url.compare(0, 7, "file://") == 0 ? url.substr(7) : url;
 }
 
+/// read_options::chunk_size, 0 meaning the default.
+inline std::size_t chunk_size_of(const read_options& o) { return o.chunk_size ? o.chunk_size : (4u << 20); }
+
 template <class = void>  // a coroutine: compiled only where used (see make_stage)
 task<void> read_worker(stage_context<shard, chunk>& ctx, read_options o) {
-    const std::size_t chunk_size = o.chunk_size ? o.chunk_size : (4u << 20);
+    const std::size_t chunk_size = chunk_size_of(o);
     for (;;) {
         co_await pass_gate(ctx);  // files in flight, when tuned
         std::uint64_t ticket = 0;
@@ -237,7 +240,7 @@ stage<shard, chunk> read(read_options o = {}) {
     // .concurrency); each holds a chunk being filled (none when mapped: page cache).
     return detail::gated_stage(make_stage<shard, chunk>("read", {.concurrency = o.concurrency, .order = o.order, .on = o.on, .out = o.out},
                                                         [o](stage_context<shard, chunk>& ctx) { return detail::read_worker(ctx, o); }),
-                               o.map ? 0 : (o.chunk_size ? o.chunk_size : (4u << 20)));
+                               o.map ? 0 : detail::chunk_size_of(o));
 }
 template <class A>
 stage<A, chunk> read(stage<A, shard> upstream, read_options o = {}) {

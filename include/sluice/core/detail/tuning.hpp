@@ -10,8 +10,8 @@
 // When the very first doubling does not pay (the start is past the knee), it halves
 // instead, while halving keeps the rate within 5 % of the best seen, then settles.
 // A window that delivered nothing decides nothing; one change is judged at a time.
-// Settings only grow from where the tuner starts them, then stop: the climb ends, it does
-// not oscillate. A knob whose stage is throttled (its pressure counter grew: 503s or 429s)
+// A knob moves one way only (up, or down when the first doubling did not pay), then
+// settles: the climb ends, it does not oscillate. A knob whose stage is throttled (its pressure counter grew: 503s or 429s)
 // is not raised: AIMD owns the requests in flight below the ceiling then. The memory
 // budget (pipeline_options::memory) caps a knob at what its share of the budget holds:
 // at the start by the worst case (bytes_each a unit), while it climbs by what a unit is
@@ -47,9 +47,6 @@ struct knob {
     std::size_t at = static_cast<std::size_t>(-1);
 };
 
-/// Caps the knobs whose units hold memory so that together they spend at most a quarter
-/// of `memory` (0: no cap), in equal shares; never below a knob's floor. Returns the bytes
-/// they may hold at most.
 /// The most units of `k` its share of `memory` holds (its share: a quarter of the budget
 /// split among the `n` knobs that hold memory), at `each` bytes a unit; never below its
 /// floor nor above its ceiling.
@@ -67,7 +64,7 @@ inline std::size_t memory_knobs(const std::vector<knob>& knobs) {
 class hill_climb {
 public:
     /// `memory`: the budget in bytes (0: none); the knobs whose units hold memory share a
-    /// quarter of it (see memory_caps).
+    /// quarter of it (see memory_cap).
     hill_climb(std::vector<knob> knobs, std::uint64_t memory)
         : knobs_(std::move(knobs)), memory_(memory), memory_knobs_(memory_knobs(knobs_)) {
         for (auto& k : knobs_) {

@@ -30,7 +30,6 @@ class worker_gate {
 public:
     worker_gate(unsigned workers, executor ex) : workers_(workers), active_(workers), ex_(std::move(ex)) {}
 
-    unsigned workers() const noexcept { return workers_; }
     unsigned active() const noexcept { return active_.load(std::memory_order_relaxed); }
 
     /// Lets the first `n` workers (1..workers) take work; wakes those now let through.
@@ -49,7 +48,7 @@ public:
         std::vector<std::coroutine_handle<>> wake;
         {
             std::lock_guard lock(m_);
-            open_ = true;
+            open_.store(true, std::memory_order_release);
             take(wake);
         }
         for (auto h : wake) resume_on(ex_, h);
@@ -61,11 +60,11 @@ public:
         worker_counters* c;
         std::uint64_t t0 = 0;
         bool await_ready() const noexcept {
-            return !g || g->open_flag_.load(std::memory_order_acquire) || worker < g->active();
+            return !g || g->open_.load(std::memory_order_acquire) || worker < g->active();
         }
         bool await_suspend(std::coroutine_handle<> h) {
             std::lock_guard lock(g->m_);
-            if (g->open_ || worker < g->active()) return false;
+            if (g->open_.load(std::memory_order_relaxed) || worker < g->active()) return false;
             t0 = now_ns();  // before the handle is visible to a waker
             c->gated_since_ns.store(t0, std::memory_order_relaxed);
             g->waiting_.push_back({worker, h});
@@ -89,10 +88,10 @@ public:
 private:
     // Under m_: the waiting workers the gate now lets through.
     void take(std::vector<std::coroutine_handle<>>& wake) {
-        if (open_) open_flag_.store(true, std::memory_order_release);
+        const bool open = open_.load(std::memory_order_relaxed);
         const unsigned n = active_.load(std::memory_order_relaxed);
         for (std::size_t i = 0; i < waiting_.size();) {
-            if (open_ || waiting_[i].first < n) {
+            if (open || waiting_[i].first < n) {
                 wake.push_back(waiting_[i].second);
                 waiting_[i] = waiting_.back();
                 waiting_.pop_back();
@@ -103,11 +102,10 @@ private:
     }
 
     const unsigned workers_;
-    std::atomic<unsigned> active_;
-    std::atomic<bool> open_flag_{false};
+    std::atomic<unsigned> active_;  // written under m_
+    std::atomic<bool> open_{false};  // written under m_
     executor ex_;
     std::mutex m_;
-    bool open_ = false;  // under m_
     std::vector<std::pair<unsigned, std::coroutine_handle<>>> waiting_;
 };
 
