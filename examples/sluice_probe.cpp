@@ -83,8 +83,12 @@ options:
   --share drop|pad|by_shard  how ranks share records (default drop: equal shares, the
                          remainder left out; pad: equal shares, a few records repeated;
                          by_shard: whole shards, shares may differ)
-  --counts FILE          records per shard ("COUNT NAME" lines): needed for equal shares
-                         when the world is above 1; lets --resume skip what was read
+  --counts FILE          records per shard ("COUNT NAME" lines). Without it, when the
+                         world is above 1, sluice counts them itself (tar headers, length
+                         fields; ranged requests for URLs) and keeps them in DIR below
+  --counts-dir DIR       where those counts are kept, shared by the ranks of a node (one
+                         counts, the others wait for its file; default: --cache, else
+                         $XDG_CACHE_HOME/sluice, else ~/.cache/sluice)
   --write-counts FILE    count the records of each shard of SOURCE, write FILE, and exit
   --deterministic        every stage ordered (http(s): objects in shard order; local:
                          files whole, in order): the same records in the same order on
@@ -176,7 +180,7 @@ struct options {
     unsigned epochs = 1;
     std::optional<unsigned> rank, world;
     sluice::share share = sluice::share::drop;
-    std::string counts, write_counts, emit_keys, save_state, resume, cache;
+    std::string counts, counts_dir, write_counts, emit_keys, save_state, resume, cache;
     std::uint64_t cache_bytes = 0;
     std::optional<std::uint64_t> stop_after;
     bool deterministic = false;
@@ -283,6 +287,8 @@ options parse(int argc, char** argv) {
             else usage_error("--share takes drop, pad or by_shard, not '" + v + "'");
         } else if (a == "--counts") {
             o.counts = value();
+        } else if (a == "--counts-dir") {
+            o.counts_dir = value();
         } else if (a == "--write-counts") {
             o.write_counts = value();
         } else if (a == "--deterministic") {
@@ -682,7 +688,7 @@ int main(int argc, char** argv) {
         }
     }
     sluice::plan_options plan{.epochs = o.epochs, .seed = o.seed, .rank = o.rank, .world = o.world,
-                              .share = o.share, .counts = counts};
+                              .share = o.share, .counts = counts, .counts_dir = o.counts_dir};
     if (!o.write_counts.empty()) plan = {.rank = 0, .world = 1};  // every shard, once
     const auto order = o.ordered || o.deterministic ? sluice::ordering::ordered : sluice::ordering::unordered;
     auto shards = sluice::list(o.sources, o.s3) | sluice::plan(plan);

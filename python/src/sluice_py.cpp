@@ -158,6 +158,12 @@ any_source append(sluice::source<T> s, const std::string& name, options& o, buil
             o.get("seed", p.seed);
             o.get("rank", p.rank);
             o.get("world", p.world);
+            // The counts file by its path (sluice::read_record_counts); without one, plan
+            // counts the records itself where ranks need them, kept in counts_dir.
+            std::string counts;
+            o.get("counts", counts);
+            if (!counts.empty()) p.counts = sluice::read_record_counts(counts);
+            o.get("counts_dir", p.counts_dir);
             o.done();
             return std::move(s) | sluice::plan(p);
         }

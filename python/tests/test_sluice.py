@@ -149,6 +149,24 @@ class Batches(unittest.TestCase):
         self.assertEqual(f["budget"][0]["bytes"], 256 << 20)
 
 
+class Ranks(unittest.TestCase):
+    def test_ranks_without_a_counts_file_count_once_and_take_equal_shares(self):
+        with tempfile.TemporaryDirectory() as counts:
+            labels, counted = [], []
+            for rank in (0, 1):
+                chain = (sluice.list(os.path.join(DATA.name, "shard-*.tar"))
+                         | sluice.plan(seed=3, rank=rank, world=2, counts_dir=counts)
+                         | sluice.read() | sluice.webdataset() | sluice.decode_images(size=16)
+                         | sluice.batch_images(size=10))
+                p = sluice.Pipeline(chain)
+                labels.append(sum(len(b) for b in p))
+                plan = [s for s in p.figures()["stages"] if s["name"] == "plan"][0]
+                counted.append((plan["shards_counted"], plan["counts_reused"]))
+            self.assertEqual(labels, [100, 100])  # 2 shards of 100 samples, halved
+            self.assertEqual(counted, [(2, 0), (0, 2)])  # the second rank read the first's file
+            self.assertTrue(os.path.exists(os.path.join(counts, "record-counts")))
+
+
 class Map(unittest.TestCase):
     def lines_file(self, n):
         path = os.path.join(DATA.name, "lines-%d.txt" % n)

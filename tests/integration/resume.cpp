@@ -6,6 +6,7 @@
 #include <sluice/core/detail/random.hpp>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -154,9 +155,19 @@ TEST_CASE("ranks from RANK and WORLD_SIZE take disjoint, equal shares that cover
                  "--counts", d.counts, d.glob()});
         REQUIRE(r.status == 1);
         REQUIRE(r.err.find("OMPI_COMM_WORLD_RANK=2 is not below OMPI_COMM_WORLD_SIZE=2") != std::string::npos);
-        r = run({"/usr/bin/env", "RANK=1", "WORLD_SIZE=2", SLUICE_PROBE, "--quiet", d.glob()});
-        REQUIRE(r.status == 1);
-        REQUIRE(r.err.find("needs record counts") != std::string::npos);
+        // Without a counts file the probe counts the records itself, keeping them where
+        // the cache directories are ($XDG_CACHE_HOME/sluice), and a second rank reuses them.
+        const std::string cache = d.dir / "xdg-cache";
+        for (const char* rank : {"RANK=1", "RANK=0"}) {
+            r = run({"/usr/bin/env", rank, "WORLD_SIZE=2", "XDG_CACHE_HOME=" + cache, SLUICE_PROBE, "--quiet", "--json",
+                     d.glob()});
+            INFO(r.err);
+            REQUIRE(r.status == 0);
+            REQUIRE(json_u64(r.out, "records") == total / 2);
+            REQUIRE(r.out.find(std::string("\"shards_counted\":") + (rank[5] == '1' ? std::to_string(d.files()) : "0")) !=
+                    std::string::npos);
+        }
+        REQUIRE(std::filesystem::exists(cache + "/sluice/record-counts"));
     }
 }
 

@@ -106,7 +106,7 @@ def start_nginx(nodes, root, work):
     raise RuntimeError("nginx did not start in the store namespace: %s" % open(os.path.join(work, "error.log")).read())
 
 
-def run_ranks(args, nodes, shards, counts, work, cut_node=None):
+def run_ranks(args, nodes, shards, work, cut_node=None):
     """Runs every rank; returns [(node, rank, returncode, json or None, stderr, seconds)] and
     each node's received bytes and seconds."""
     world = len(nodes.nodes) * args.ranks
@@ -119,8 +119,11 @@ def run_ranks(args, nodes, shards, counts, work, cut_node=None):
         for r in range(args.ranks):
             rank = i * args.ranks + r
             keys = os.path.join(work, "keys-%d.txt" % rank)
+            # No counts file: the ranks of a node count the records once (ranged reads of the
+            # tar headers) and share them through the node's counts directory.
+            counts_dir = os.path.join(work, "node-%d-counts" % i)
             cmd = ["ip", "netns", "exec", ns, args.probe, "--json", "--quiet", "--format", "tar", "--rank", str(rank),
-                   "--world", str(world), "--counts", counts, "--emit-keys", keys, "--in-flight", "4",
+                   "--world", str(world), "--counts-dir", counts_dir, "--emit-keys", keys, "--in-flight", "4",
                    "--stall-seconds", "3", "--retries", "2"] + urls
             err = open(os.path.join(work, "rank-%d.err" % rank), "w+")
             procs.append((i, rank, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True), err, keys))
@@ -192,10 +195,9 @@ def main():
             print("[test skipped] network namespaces cannot be made here: %s" % e)
             return SKIP
         data = os.path.join(work, "data")
-        counts = os.path.join(work, "counts.txt")
         gen = subprocess.run([args.gen, data, "--format", "tar", "--files", str(args.shards), "--records",
-                              str(args.records), "--record-size", str(args.record_size), "--uneven", "--counts",
-                              counts, "--seed", "5"], stdout=subprocess.PIPE, text=True, check=True)
+                              str(args.records), "--record-size", str(args.record_size), "--uneven", "--seed", "5"],
+                             stdout=subprocess.PIPE, text=True, check=True)
         expected = json.loads(gen.stdout)
         shards = sorted(os.listdir(data))
         nginx = start_nginx(nodes, data, work)
@@ -204,7 +206,7 @@ def main():
         share = total // world
 
         # 1. The whole run.
-        ranks, per_node = run_ranks(args, nodes, shards, counts, work)
+        ranks, per_node = run_ranks(args, nodes, shards, work)
         seen = {}
         report = {"nodes": args.nodes, "ranks_per_node": args.ranks, "link_mbit": args.rate_mbit, "records": total,
                   "share": share, "per_node": [], "ranks": []}
@@ -220,6 +222,17 @@ def main():
                 for k in f.read().split():
                     key = k.split("/")[-1]
                     seen[key] = seen.get(key, 0) + 1
+        # Counts without a file: one rank per node counted each shard, the others reused its file.
+        for i in range(args.nodes):
+            plans = [stage for n, _, _, d, _, _, _ in ranks if n == i and d for stage in d.get("stages", [])
+                     if stage.get("name") == "plan"]
+            counted = sum(p.get("shards_counted", 0) for p in plans)
+            reused = sum(p.get("counts_reused", 0) for p in plans)
+            report.setdefault("counting", []).append({"node": i, "shards_counted": counted, "counts_reused": reused,
+                                                      "count_bytes": sum(p.get("count_bytes", 0) for p in plans)})
+            if len(plans) == args.ranks and (counted != len(shards) or reused != (args.ranks - 1) * len(shards)):
+                failures.append("node %d: its ranks counted %d shards and reused %d; want each of the %d counted once"
+                                % (i, counted, reused, len(shards)))
         repeated = [k for k, n in seen.items() if n > 1]
         if repeated:
             failures.append("%d records delivered more than once, e.g. %s" % (len(repeated), repeated[:3]))
@@ -243,7 +256,7 @@ def main():
             if f.startswith("keys-"):
                 os.remove(os.path.join(work, f))
         cut = args.nodes - 1
-        ranks, _ = run_ranks(args, nodes, shards, counts, work, cut_node=cut)
+        ranks, _ = run_ranks(args, nodes, shards, work, cut_node=cut)
         report["cut"] = {"node": cut, "ranks": []}
         for i, rank, rc, doc, err, secs, keys in ranks:
             message = (doc or {}).get("error", "") or err.strip()[-300:]

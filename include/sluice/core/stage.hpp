@@ -614,6 +614,18 @@ stage<In, Out> gated_stage(stage<In, Out> s, std::uint64_t unit_bytes = 0) {
     return stage<In, Out>({std::move(l)});
 }
 
+/// `s`, a stage of one link just made, with `f` run at its setup after the setup it has:
+/// for what a library stage offers the stages around it (core/detail/shard_counting.hpp).
+template <class In, class Out>
+stage<In, Out> also_at_setup(stage<In, Out> s, std::function<void(stage_setup&)> f) {
+    auto l = std::make_shared<link_impl<In, Out>>(static_cast<const link_impl<In, Out>&>(*s.links().front()));
+    l->setup = [before = std::move(l->setup), f = std::move(f)](stage_setup& st) {
+        if (before) before(st);
+        f(st);
+    };
+    return stage<In, Out>({std::move(l)});
+}
+
 template <class In, class Out, class F>
 task<void> item_worker(stage_context<In, Out>& ctx, F fn) {  // fn copied per worker
     std::vector<Out> outs;

@@ -4,6 +4,7 @@
 
 #include <sluice/core/record.hpp>
 #include <sluice/core/stage.hpp>
+#include <sluice/formats/detail/counting.hpp>
 #include <sluice/formats/detail/cursor.hpp>
 #include <sluice/formats/detail/gzip_inflater.hpp>
 
@@ -173,6 +174,25 @@ task<void> gunzip_worker(stage_context<chunk, chunk>& ctx, gunzip_decoder d) {
     }
 }
 
+/// The counter of a format stage named `name` (ops/plan.hpp counts records with it when
+/// it has no record counts); null for a name it does not know.
+inline record_counter record_counter_for(const std::string& name, const decode_options& o, compression gz) {
+    const bool verify = o.verify;
+    auto walk = [gz](auto f) -> record_counter {
+        return [gz, f](shard_reader& r) {
+            refuse_gzip(r, gz);
+            return f(r);
+        };
+    };
+    if (name == "tar") return walk([](shard_reader& r) { return count_tar(r, false); });
+    if (name == "webdataset") return walk([](shard_reader& r) { return count_tar(r, true); });
+    if (name == "tfrecord") return walk([verify](shard_reader& r) { return count_tfrecord(r, verify); });
+    if (name == "recordio") return walk([](shard_reader& r) { return count_recordio(r); });
+    if (name == "lines") return walk([](shard_reader& r) { return count_lines(r); });
+    if (name == "raw") return [](shard_reader&) -> std::uint64_t { return 1; };  // a shard is one record
+    return nullptr;
+}
+
 template <class Opt>
 std::shared_ptr<parse_policy> policy_for(const Opt& o, stage_stats& st, runtime& rt) {
     auto p = std::make_shared<parse_policy>();
@@ -240,6 +260,8 @@ stage<chunk, Out> detail::format_stage(std::string name, decode_options o, forma
     g.mode = gz;
     g.on_corrupt = o.on_corrupt;
     g.on_skip = o.on_skip;
+    const std::string fmt = name;
+    auto count = record_counter_for(fmt, o, gz);
     auto parse = make_stage<chunk, Out>(
         std::move(name), {.on = pool::cpu, .out = out},
         [o = std::move(o), d, make = std::move(make)](stage_context<chunk, Out>& ctx) {
@@ -256,6 +278,11 @@ stage<chunk, Out> detail::format_stage(std::string name, decode_options o, forma
             return decode_worker(ctx, selecting<D>{make(std::move(pol)), {}});
         },
         /*counts_records=*/true);
+    // Plan may count records with this decoder's numbering (formats/detail/counting.hpp).
+    if (count)
+        parse = also_at_setup(std::move(parse), [count = std::move(count), fmt](stage_setup& s) {
+            offer_counter(s.internal.run, fmt, count);
+        });
     if (gz == compression::none) return parse;
     return gunzip(std::move(g)) | std::move(parse);
 }

@@ -63,6 +63,7 @@ namespace detail {
 struct fetch_run;
 struct knob;
 inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o, std::vector<knob>* knobs = nullptr);
+inline void offer_remote_access(stage_setup& s, const std::shared_ptr<fetch_run>& run, const fetch_options& o);
 /// One worker of a fetch stage: its objects' requests, retries, parts and cache copies
 /// (io/impl/fetch.hpp).
 template <class = void>  // a coroutine: compiled only where used (see make_stage)
@@ -87,7 +88,11 @@ template <class = void>  // compiled only where used (see make_stage)
 stage<shard, chunk> fetch(fetch_options o = {}) {
     return make_stage<shard, chunk>(
         "fetch", {.concurrency = std::max(1u, o.concurrency), .order = o.order, .on = pool::io, .out = o.out},
-        [o](stage_setup& s) { return detail::make_fetch_run(o, s.internal.knobs); },
+        [o](stage_setup& s) {
+            auto run = detail::make_fetch_run(o, s.internal.knobs);
+            detail::offer_remote_access(s, run, o);  // for plan's record counting
+            return run;
+        },
         [o](stage_context<shard, chunk>& ctx, detail::fetch_run& run) { return detail::fetch_worker(ctx, run, o); });
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // sluice::read: local files, read in large chunks into recycled buffers.
 
+#include <sluice/core/detail/shard_counting.hpp>
 #include <sluice/core/error.hpp>
 #include <sluice/core/record.hpp>
 #include <sluice/core/stage.hpp>
@@ -187,6 +188,44 @@ inline std::string local_path(const std::string& url) {
 /// read_options::chunk_size, 0 meaning the default.
 inline std::size_t chunk_size_of(const read_options& o) { return o.chunk_size ? o.chunk_size : (4u << 20); }
 
+/// read's access to files by offset, for plan's record counting
+/// (core/detail/shard_counting.hpp): stat for the size and mtime, pread for bytes.
+class local_access final : public shard_access {
+public:
+    shard_facts facts(const std::string& url) override {
+        check_local(url);
+        struct stat st {};
+        if (::stat(local_path(url).c_str(), &st) != 0) throw source_error(url, "cannot count records: cannot stat", errno_code());
+        return {static_cast<std::uint64_t>(st.st_size),
+                std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec)};
+    }
+    std::size_t read(const std::string& url, std::uint64_t offset, std::byte* into, std::size_t n) override {
+        if (url != url_) {
+            fd_.reset();
+            url_.clear();
+            const int fd = ::open(local_path(url).c_str(), O_RDONLY | O_CLOEXEC);
+            if (fd < 0) throw source_error(url, "cannot count records: cannot open", errno_code());
+            fd_ = std::make_unique<fd_guard>(fd);
+            url_ = url;
+        }
+        std::size_t got = 0;
+        while (got < n) {
+            const ssize_t k = ::pread(fd_->get(), into + got, n - got, static_cast<off_t>(offset + got));
+            if (k < 0 && errno == EINTR) continue;
+            if (k < 0)
+                throw source_error(url, "cannot count records: read failed at byte " + std::to_string(offset + got) + " of",
+                                   errno_code());
+            if (k == 0) break;
+            got += static_cast<std::size_t>(k);
+        }
+        return got;
+    }
+
+private:
+    std::string url_;
+    std::unique_ptr<fd_guard> fd_;
+};
+
 template <class = void>  // a coroutine: compiled only where used (see make_stage)
 task<void> read_worker(stage_context<shard, chunk>& ctx, read_options o) {
     const std::size_t chunk_size = chunk_size_of(o);
@@ -238,9 +277,15 @@ template <class = void>  // compiled only where used (see make_stage)
 stage<shard, chunk> read(read_options o = {}) {
     // Under pipeline_options::tune, how many files are in flight is the tuner's (up to
     // .concurrency); each holds a chunk being filled (none when mapped: page cache).
-    return detail::gated_stage(make_stage<shard, chunk>("read", {.concurrency = o.concurrency, .order = o.order, .on = o.on, .out = o.out},
-                                                        [o](stage_context<shard, chunk>& ctx) { return detail::read_worker(ctx, o); }),
-                               o.map ? 0 : detail::chunk_size_of(o));
+    auto s = make_stage<shard, chunk>("read", {.concurrency = o.concurrency, .order = o.order, .on = o.on, .out = o.out},
+                                      [o](stage_context<shard, chunk>& ctx) { return detail::read_worker(ctx, o); });
+    // Plan may count records through it (core/detail/shard_counting.hpp).
+    s = detail::also_at_setup(std::move(s), [](stage_setup& st) {
+        detail::offer_access(st.internal.run, "read", [](std::stop_token) -> std::unique_ptr<detail::shard_access> {
+            return std::make_unique<detail::local_access>();
+        });
+    });
+    return detail::gated_stage(std::move(s), o.map ? 0 : detail::chunk_size_of(o));
 }
 template <class A>
 stage<A, chunk> read(stage<A, shard> upstream, read_options o = {}) {

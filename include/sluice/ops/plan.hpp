@@ -8,6 +8,7 @@
 #include <sluice/core/record.hpp>
 #include <sluice/core/stage.hpp>
 #include <sluice/core/state.hpp>
+#include <sluice/ops/counts.hpp>
 #include <sluice/ops/plan_link.hpp>
 
 #include <algorithm>
@@ -176,6 +177,16 @@ struct plan_options {
     /// decoders check every shard holds the records it should (so a corrupt record
     /// skipped under on_corrupt::skip is then an error: the counts no longer hold).
     std::shared_ptr<const record_counts> counts = nullptr;
+    /// Without `counts`, when ranks need them (world > 1, share::drop or pad), plan counts
+    /// the records itself at its start, through the reader and the decoder after it
+    /// (read or fetch; tar, webdataset, tfrecord, recordio, lines, raw), reading only what
+    /// locates the records (tar headers, length fields: ranged requests for remote
+    /// shards), and keeps them in `<counts_dir>/record-counts`, keyed by format, URL,
+    /// size and mtime or ETag, so a later run and the other ranks of the node reuse them:
+    /// one process counts, the others wait for its file (ops/counts.hpp). Unset: fetch's
+    /// cache directory, else $XDG_CACHE_HOME/sluice, else ~/.cache/sluice. gzip'd shards
+    /// are not counted (that would inflate all of them): pass `counts` for those.
+    std::string counts_dir = {};
 };
 
 namespace detail {
@@ -302,8 +313,11 @@ inline std::vector<shard> replay_part(const std::vector<shard>& plan, const run_
 /// out fewer than `world` records an epoch).
 /// Resume: see core/state.hpp; with counts, a resumed plan lists only what is needed again.
 /// Backpressure: suspends while downstream is full; holds the list of URLs (not data).
-/// Errors: rank >= world, a launcher variable that is not a number, world > 1 without
-/// counts (unless share::by_shard), a shard without a count: a sluice::error at the start;
+/// Errors: rank >= world, a launcher variable that is not a number, a shard without a
+/// count: a sluice::error at the start; world > 1 without counts (unless
+/// share::by_shard) where plan cannot count them (a reader or decoder of the user's own,
+/// gzip'd shards): an error naming why; a shard it cannot count (unreadable, corrupt,
+/// a server without ranges): a sluice::source_error naming it and the byte offset;
 /// upstream errors pass through.
 /// Cancellation: stops at the next send.
 /// At start it tells the stages after it its seed and epochs (ops/plan_link.hpp): a
@@ -314,6 +328,8 @@ template <class = void>  // compiled only where used (see make_stage)
 stage<std::string, shard> plan(plan_options o = {}) {
     struct plan_state {
         detail::plan_split split;
+        bool count = false;  // plan counts the records itself (no .counts, ranks need them)
+        detail::counting_board offered;  // the reader's access and the decoder's counter
     };
     auto setup = [o](stage_setup& s) {
         auto st = std::make_shared<plan_state>();
@@ -322,11 +338,26 @@ stage<std::string, shard> plan(plan_options o = {}) {
         if (sp.world == 0 || sp.rank >= sp.world)
             throw error("sluice: plan: rank " + std::to_string(sp.rank) + " is not below world size " +
                         std::to_string(sp.world));
-        if (sp.world > 1 && !o.counts && o.share != share::by_shard)
-            throw error("sluice: plan: rank " + std::to_string(sp.rank) + " of " + std::to_string(sp.world) + " (" +
-                        sp.from + ") needs record counts to give every rank the same number of records: pass "
-                        ".counts (sluice::read_record_counts, sluice::count_records; sluice-probe --counts), or "
-                        ".share = sluice::share::by_shard for ranks that need not step together");
+        st->count = sp.world > 1 && !o.counts && o.share != share::by_shard;
+        if (st->count) {
+            // Setups run last stage first: the reader and decoder after plan made their offers.
+            auto b = s.internal.run->slot<detail::counting_board>("counting");
+            std::lock_guard lock(b->m);
+            if (!b->access || !b->count)
+                throw error("sluice: plan: rank " + std::to_string(sp.rank) + " of " + std::to_string(sp.world) + " (" +
+                            sp.from + ") needs record counts to give every rank the same number of records, and "
+                            "cannot count them itself: " +
+                            (!b->access ? std::string("no reader it knows (read, fetch) follows it")
+                                        : "no decoder it knows (tar, webdataset, tfrecord, recordio, lines, raw) "
+                                          "follows " + b->reader) +
+                            ". Pass .counts (sluice::read_record_counts, sluice::count_records; sluice-probe "
+                            "--counts), or .share = sluice::share::by_shard for ranks that need not step together");
+            st->offered.access = b->access;
+            st->offered.reader = b->reader;
+            st->offered.cache_dir = b->cache_dir;
+            st->offered.count = b->count;
+            st->offered.format = b->format;
+        }
         s.internal.run->note("plan", std::string("seed=") + (o.seed ? std::to_string(*o.seed) : "none") +
                                " rank=" + std::to_string(sp.rank) + " world=" + std::to_string(sp.world) +
                                " share=" + std::to_string(int(o.share)));
@@ -334,7 +365,7 @@ stage<std::string, shard> plan(plan_options o = {}) {
         // seed of its own takes this one (and only then knows what to ask for on resume);
         // items that cannot keep epochs apart are refused here when there are several.
         detail::tell_plan(s, {o.seed, o.epochs});
-        if (s.internal.run->resume() && o.counts && s.internal.run->requested()) s.internal.run->serve();
+        if (s.internal.run->resume() && (o.counts || st->count) && s.internal.run->requested()) s.internal.run->serve();
         return st;
     };
     return make_stage<std::string, shard>(
@@ -344,6 +375,28 @@ stage<std::string, shard> plan(plan_options o = {}) {
             while (auto u = co_await ctx.in.next()) urls.push_back(std::move(*u));
             std::vector<std::uint64_t> counts;
             if (o.counts) counts = detail::counts_for(urls, *o.counts);
+            if (st.count) {
+                // Blocking reads and a lock other processes may hold: on the CPU pool, not
+                // on the I/O loop other stages share.
+                co_await switch_to{ctx.rt.executor_for(pool::cpu)};
+                std::exception_ptr failed;
+                detail::counted_shards c;
+                try {
+                    c = detail::count_shards(urls, st.offered, detail::counts_dir_for(o.counts_dir, st.offered.cache_dir),
+                                             ctx.stop);
+                } catch (...) {
+                    failed = std::current_exception();
+                }
+                co_await switch_to{ctx.rt.executor_for(pool::io)};
+                if (ctx.stopping()) throw detail::stopped{};
+                if (failed) std::rethrow_exception(failed);
+                counts = std::move(c.counts);
+                ctx.stats.counter("shards_counted") += c.counted;
+                ctx.stats.counter("counts_reused") += c.reused;
+                ctx.stats.counter("count_bytes") += c.bytes;
+                ctx.stats.note("counts", c.where);
+            }
+            const bool have_counts = o.counts || st.count;
             // The data must be the same on resume: the listing. (Counts are checked by the
             // decoders, shard by shard; a state saved without them resumes with them.)
             std::uint64_t h = detail::fnv_offset;
@@ -359,7 +412,7 @@ stage<std::string, shard> plan(plan_options o = {}) {
             }
             for (; e < o.epochs; ++e) {
                 std::optional<std::uint64_t> records;
-                auto shards = detail::plan_epoch(urls, o.counts ? &counts : nullptr, o, st.split, e, &records);
+                auto shards = detail::plan_epoch(urls, have_counts ? &counts : nullptr, o, st.split, e, &records);
                 if (records) ctx.internal.run->set_epoch_records(e, *records);
                 if (replay && replay->epoch == e) shards = detail::replay_part(shards, *replay);
                 for (auto& s : shards) co_await ctx.out.send(std::move(s));

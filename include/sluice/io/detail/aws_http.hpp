@@ -78,6 +78,7 @@ struct s3_reply {
     CURLcode result = CURLE_OK;
     long status = 0;
     std::string body;
+    std::string headers;  // the response's header lines, as received (the last response's after redirects too)
     char errbuf[CURL_ERROR_SIZE] = {};
 };
 
@@ -92,19 +93,23 @@ struct blocking_request {
     long timeout_ms = 60000;
     long connect_timeout_ms = 0;  // 0: curl's
     bool no_proxy = false;        // link-local and loopback credential endpoints
+    bool verify_tls = true;
+    long max_redirects = 0;  // redirects followed (0: none)
     std::stop_token stop = {};
 };
 
 /// Performs `q` into `r`. A stop (q.stop) aborts it within about a second
-/// (CURLE_ABORTED_BY_CALLBACK).
-inline void blocking_call(const blocking_request& q, s3_reply& r) {
+/// (CURLE_ABORTED_BY_CALLBACK). `reuse`: an easy handle to reset and perform on (it keeps
+/// its connections for the next request); by default a fresh one.
+inline void blocking_call(const blocking_request& q, s3_reply& r, CURL* reuse = nullptr) {
     static const bool global = [] { return curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK; }();
     (void)global;
-    CURL* e = curl_easy_init();
+    CURL* e = reuse ? reuse : curl_easy_init();
     if (!e) {
         r.result = CURLE_OUT_OF_MEMORY;
         return;
     }
+    if (reuse) curl_easy_reset(e);
     curl_slist* headers = nullptr;
     std::string sigv4;
     curl_easy_setopt(e, CURLOPT_URL, q.url.c_str());
@@ -115,6 +120,14 @@ inline void blocking_call(const blocking_request& q, s3_reply& r) {
     if (q.connect_timeout_ms) curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, q.connect_timeout_ms);
     if (q.no_proxy) curl_easy_setopt(e, CURLOPT_NOPROXY, "*");
     if (!q.ca_file.empty()) curl_easy_setopt(e, CURLOPT_CAINFO, q.ca_file.c_str());
+    if (q.max_redirects > 0) {
+        curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
+        curl_easy_setopt(e, CURLOPT_MAXREDIRS, q.max_redirects);
+    }
+    if (!q.verify_tls) {
+        curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 0L);
+        curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, 0L);
+    }
     if (q.method != "GET") {
         curl_easy_setopt(e, CURLOPT_POSTFIELDS, q.body.c_str());
         curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(q.body.size()));
@@ -127,6 +140,12 @@ inline void blocking_call(const blocking_request& q, s3_reply& r) {
         return s * n;
     });
     curl_easy_setopt(e, CURLOPT_WRITEDATA, &r.body);
+    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, +[](char* p, std::size_t s, std::size_t n, void* ud) {
+        auto& h = *static_cast<std::string*>(ud);
+        if (h.size() < (64u << 10)) h.append(p, s * n);
+        return s * n;
+    });
+    curl_easy_setopt(e, CURLOPT_HEADERDATA, &r.headers);
     std::stop_token stop = q.stop;
     if (stop.stop_possible()) {  // curl asks at least once a second, also while it waits
         curl_easy_setopt(e, CURLOPT_NOPROGRESS, 0L);
@@ -141,7 +160,7 @@ inline void blocking_call(const blocking_request& q, s3_reply& r) {
     if (headers) curl_easy_setopt(e, CURLOPT_HTTPHEADER, headers);
     r.result = curl_easy_perform(e);
     curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &r.status);
-    curl_easy_cleanup(e);
+    if (!reuse) curl_easy_cleanup(e);
     curl_slist_free_all(headers);
 }
 

@@ -6,6 +6,7 @@
 #include <sluice/core/record.hpp>
 #include <sluice/core/stage.hpp>
 #include <sluice/io/cache.hpp>
+#include <sluice/core/detail/shard_counting.hpp>
 #include <sluice/core/detail/tuning.hpp>
 #include <sluice/io/detail/aimd.hpp>
 #include <sluice/io/detail/curl_engine.hpp>
@@ -32,6 +33,9 @@
 #include <stop_token>
 #include <string>
 #include <vector>
+#include <cctype>
+#include <cstring>
+#include <thread>
 
 namespace sluice::detail {
 
@@ -232,6 +236,134 @@ inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o, std::ve
                           .pressure = &run->throttled});
     }
     return run;
+}
+
+/// fetch's access to objects by offset, for plan's record counting
+/// (core/detail/shard_counting.hpp): ranged GETs on one easy handle (its connection kept),
+/// signed for s3:// with the stage's credentials, transient failures retried as fetch
+/// retries them. A server that ignores Range is an error: counting would read every byte.
+class remote_access final : public shard_access {
+public:
+    remote_access(std::shared_ptr<fetch_run> run, fetch_options o, std::stop_token stop)
+        : run_(std::move(run)), o_(std::move(o)), stop_(std::move(stop)), e_(curl_easy_init()) {}
+    ~remote_access() override {
+        if (e_) curl_easy_cleanup(e_);
+    }
+    remote_access(const remote_access&) = delete;
+    remote_access& operator=(const remote_access&) = delete;
+
+    shard_facts facts(const std::string& url) override {
+        s3_reply r;
+        get(url, 0, 0, r, /*probe=*/true);
+        shard_facts f;
+        const auto total = header(r.headers, "content-range");  // "bytes 0-0/SIZE" or "bytes */SIZE"
+        const auto slash = total.rfind('/');
+        if (slash == std::string::npos || total.substr(slash + 1) == "*")
+            throw source_error(url, "cannot count records: the server did not say the object's size (no Content-Range) for",
+                               std::make_error_code(std::errc::protocol_error));
+        f.size = std::stoull(total.substr(slash + 1));
+        f.version = header(r.headers, "etag");
+        if (f.version.empty()) f.version = header(r.headers, "last-modified");
+        return f;
+    }
+    /// A header and a few after it: a shard of records over 4 KiB costs one small request
+    /// per record, not its bytes (a tar of 16 KiB members: a quarter of them).
+    std::size_t window() const override { return 4u << 10; }
+    unsigned parallel() const override { return 32; }
+    std::size_t read(const std::string& url, std::uint64_t offset, std::byte* into, std::size_t n) override {
+        if (n == 0) return 0;
+        s3_reply r;
+        get(url, offset, offset + n - 1, r, false);
+        const std::size_t got = std::min(n, r.body.size());
+        std::memcpy(into, r.body.data(), got);
+        return got;
+    }
+
+private:
+    /// The value of the last response's header `name` (lower case), trimmed; empty if none.
+    static std::string header(const std::string& all, std::string_view name) {
+        std::string out;
+        std::size_t at = 0;
+        while (at < all.size()) {
+            std::size_t end = all.find('\n', at);
+            if (end == std::string::npos) end = all.size();
+            std::string_view line(all.data() + at, end - at);
+            at = end + 1;
+            if (line.starts_with("HTTP/")) out.clear();  // a new response (after a redirect)
+            const auto colon = line.find(':');
+            if (colon != name.size()) continue;
+            bool same = true;
+            for (std::size_t i = 0; i < colon && same; ++i)
+                same = std::tolower(static_cast<unsigned char>(line[i])) == name[i];
+            if (!same) continue;
+            line.remove_prefix(colon + 1);
+            while (!line.empty() && (line.front() == ' ' || line.front() == '\t')) line.remove_prefix(1);
+            while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.remove_suffix(1);
+            out = std::string(line);
+        }
+        return out;
+    }
+
+    std::pair<std::string, s3_auth> where(const std::string& url) {
+        auto loc = fetch_state::s3_target(url);
+        if (!loc) return {url, {}};
+        std::shared_ptr<const s3_config> c;
+        {
+            std::lock_guard lock(run_->s3_m);
+            if (!run_->s3) run_->s3 = std::make_shared<const s3_config>(resolve_s3(o_.s3, url, stop_));
+            c = run_->s3;
+        }
+        refresh_credentials(*c, url, stop_);
+        return {s3_http_url(*c, *loc), auth_of(*c)};
+    }
+
+    // GET bytes [from, to]; `probe`: asking for the size, where 416 (an empty object) is
+    // an answer too.
+    void get(const std::string& url, std::uint64_t from, std::uint64_t to, s3_reply& r, bool probe) {
+        const backoff_policy retry{o_.retries, o_.backoff_base, o_.backoff_cap};
+        for (unsigned attempt = 0;; ++attempt) {
+            r = s3_reply{};
+            const auto [http, auth] = where(url);
+            blocking_request q;
+            q.url = http;
+            q.auth = auth;
+            q.headers = {"Range: bytes=" + std::to_string(from) + "-" + std::to_string(to)};
+            q.ca_file = !o_.ca_file.empty() ? o_.ca_file : auth.ca_bundle;
+            q.verify_tls = !o_.insecure;
+            q.max_redirects = o_.max_redirects;
+            q.connect_timeout_ms = static_cast<long>(o_.connect_timeout.count());
+            q.timeout_ms = std::max<long>(60000, static_cast<long>(o_.stall.count()) * 1000);
+            q.stop = stop_;
+            blocking_call(q, r, e_);
+            if (stop_.stop_requested()) throw stopped{};
+            if (r.result == CURLE_OK && (r.status == 206 || (probe && r.status == 416))) return;
+            if (r.result == CURLE_OK && r.status == 200)
+                throw source_error(url, "cannot count records: the server ignores ranged requests (HTTP 200 to a "
+                                   "Range), so counting would read all of it; pass plan_options::counts for",
+                                   std::make_error_code(std::errc::not_supported));
+            const bool transient = r.result != CURLE_OK ? retryable_curl(r.result) : retryable_status(r.status);
+            if (!transient || attempt >= retry.retries) {
+                std::string why = request_failure(r.result, r.errbuf, r.status, r.body);
+                if (attempt) why += " after " + std::to_string(attempt + 1) + " attempts";
+                throw source_error(url, "cannot count records (" + why + ") in", {}, from);
+            }
+            std::this_thread::sleep_for(retry.delay(attempt, jitter_));
+        }
+    }
+
+    std::shared_ptr<fetch_run> run_;
+    fetch_options o_;
+    std::stop_token stop_;
+    CURL* e_;
+    std::minstd_rand jitter_{std::random_device{}()};
+};
+
+inline void offer_remote_access(stage_setup& s, const std::shared_ptr<fetch_run>& run, const fetch_options& o) {
+    offer_access(s.internal.run, "fetch",
+                 [run, o](std::stop_token stop) -> std::unique_ptr<shard_access> {
+                     return std::make_unique<remote_access>(run, o, std::move(stop));
+                 },
+                 o.cache.dir);
 }
 
 template <class>  // declared in io/http.hpp
