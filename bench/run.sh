@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs each benchmark beside its peer, on the same data in the same run, and prints the
 # figures and ratios (one JSON object per line on stdout, a summary on stderr).
-#   bench/run.sh [channel|crc32c|local|formats|http|s3|memory|device|cache|images|trainers|tune|nodes]...     (default: all)
+#   bench/run.sh [channel|crc32c|local|formats|http|s3|memory|device|cache|images|trainers|tune|nodes|counts]...     (default: all)
 # Data goes to build-release/bench-data (made once: 2.1 GiB of lines; for formats also
 # 2.1 GiB each of tar and TFRecord and a gzip'd copy of the TFRecord set).
 set -euo pipefail
@@ -15,7 +15,7 @@ field() { grep -o "\"$1\": *[^,}]*" | head -1 | cut -d: -f2 | tr -d '" '; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
 now() { date +%s.%N; }
 what=("$@")
-[ ${#what[@]} -eq 0 ] && what=(channel crc32c local formats http s3 memory device cache images trainers tune nodes)
+[ ${#what[@]} -eq 0 ] && what=(channel crc32c local formats http s3 memory device cache images trainers tune nodes counts)
 
 data=$build/bench-data
 make_data() {
@@ -670,7 +670,8 @@ open(sys.argv[1] + "/sizes", "w").write("%d\n" % sum(sizes))' "$www/w"
     # Issue 20: simulated nodes (tests/support/sim_nodes.py): a store namespace with nginx,
     # 2 node namespaces of 2 ranks each, every node's link limited to 1 Gbit/s by tbf;
     # each node's download rate beside its link's rate, and what the link carried beside
-    # what the node's ranks delivered (ranks of one node do not share fetches yet).
+    # what the node's ranks delivered (ranks of one node do not share fetches yet; the link
+    # also carries the tar headers one rank of each node reads to count the records).
     o=$(/usr/bin/python3 tests/support/sim_nodes.py --probe "$probe" --gen "$build/examples/sluice-gen" --json \
           --rate-mbit 1000 --shards 32 --records 256 --record-size 65536) || rc=$?
     if [ "${rc:-0}" = 77 ]; then echo "nodes: skipped (network namespaces cannot be made here)" >&2; continue; fi
@@ -680,8 +681,46 @@ open(sys.argv[1] + "/sizes", "w").write("%d\n" % sum(sizes))' "$www/w"
 d = json.load(sys.stdin)
 for n in d["per_node"]:
     print("nodes: node %d received %.1f MB/s on a %d Mbit/s link (%.2f of it); the link carried %.2f x what its ranks delivered"
-          % (n["node"], n["MB_per_s"], d["link_mbit"], n["share_of_link"], n["link_bytes_per_delivered"]), file=sys.stderr)'
+          % (n["node"], n["MB_per_s"], d["link_mbit"], n["share_of_link"], n["link_bytes_per_delivered"]), file=sys.stderr)
+for c in d.get("counting", []):
+    print("nodes: node %d counted %d shards once (%d MB read for it), its other rank reused them %d times"
+          % (c["node"], c["shards_counted"], c["count_bytes"] / 1e6, c["counts_reused"]), file=sys.stderr)'
     ;;
-  *) echo "unknown benchmark $w (channel, crc32c, local, formats, http, s3, memory, device, cache, images, trainers, tune, nodes)" >&2; exit 2 ;;
+  counts)
+    # Issue 20, part 1: plan counting records itself (world 2, no counts file) over nginx
+    # on loopback: the tar set's 64 shards of 330 x 100 KiB (2.16 GB), headers walked with
+    # ranged 4 KiB requests. Its time is the first run's less the second's (the second
+    # reuses the counts file; both then read rank 0's half). Peer: reading every byte,
+    # which is what counting without ranges costs: curl --parallel --parallel-max 32 to
+    # /dev/null over the same URLs, and sluice-probe --write-counts (parses all of it).
+    command -v nginx >/dev/null || { echo "counts bench needs nginx" >&2; exit 1; }
+    make_format tar tar
+    ngx=$(mktemp -d); port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    printf 'daemon off; worker_processes 1; %s pid %s/pid; error_log %s/error.log;\nevents { worker_connections 4096; }\nhttp { access_log off; sendfile on; keepalive_requests 1000000; client_body_temp_path %s; proxy_temp_path %s; fastcgi_temp_path %s; uwsgi_temp_path %s; scgi_temp_path %s;\n server { listen 127.0.0.1:%s; root %s; } }\n' \
+      "$([ "$(id -u)" = 0 ] && echo 'user root;')" "$ngx" "$ngx" "$ngx" "$ngx" "$ngx" "$ngx" "$ngx" "$port" "$(cd "$data/tar" && pwd)" > "$ngx/nginx.conf"
+    nginx -p "$ngx" -c "$ngx/nginx.conf" -e "$ngx/error.log" & ngx_pid=$!
+    trap 'kill $ngx_pid 2>/dev/null; wait $ngx_pid 2>/dev/null; rm -rf "$ngx"' EXIT
+    for i in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/shard-000000.tar" && break; sleep 0.1; done
+    urls=(); for f in "$data"/tar/shard-*.tar; do urls+=("http://127.0.0.1:$port/$(basename "$f")"); done
+    bytes=$(cat "$data"/tar/shard-*.tar | wc -c)
+    for run in 1 2 3; do
+      rm -rf "$ngx/counts"
+      t0=$(now); o1=$("$probe" --json --quiet --format tar --rank 0 --world 2 --counts-dir "$ngx/counts" "${urls[@]}"); t1=$(now)
+      "$probe" --json --quiet --format tar --rank 0 --world 2 --counts-dir "$ngx/counts" "${urls[@]}" > "$ngx/o2"; t2=$(now)
+      counting=$(awk -v a="$t0" -v b="$t1" -v c="$t2" 'BEGIN { d = (b - a) - (c - b); printf "%.3f", (d > 0 ? d : 0) }')
+      cbytes=$(echo "$o1" | grep -o '"count_bytes": *[0-9]*' | head -1 | cut -d: -f2 | tr -d ' ')
+      counted=$(echo "$o1" | grep -o '"shards_counted": *[0-9]*' | head -1 | cut -d: -f2 | tr -d ' ')
+      reused=$(grep -o '"counts_reused": *[0-9]*' "$ngx/o2" | head -1 | cut -d: -f2 | tr -d ' ')
+      cfg=(); for u in "${urls[@]}"; do cfg+=(-o /dev/null "$u"); done
+      t3=$(now); curl -s --parallel --parallel-max 32 "${cfg[@]}"; t4=$(now)
+      "$probe" --quiet --format tar --write-counts "$ngx/w.txt" "${urls[@]}" 2>/dev/null; t5=$(now)
+      curl_s=$(awk -v a="$t3" -v b="$t4" 'BEGIN { printf "%.3f", b - a }')
+      write_s=$(awk -v a="$t4" -v b="$t5" 'BEGIN { printf "%.3f", b - a }')
+      echo "{\"bench\":\"counts\",\"run\":$run,\"shards\":${#urls[@]},\"bytes\":$bytes,\"counted\":$counted,\"reused_by_second\":$reused,\"count_bytes\":$cbytes,\"count_s\":$counting,\"curl_all_bytes_s\":$curl_s,\"write_counts_s\":$write_s}"
+      echo "counts: run $run: walking the headers read $cbytes of $bytes bytes ($(ratio "$cbytes" "$bytes")) in ~${counting} s; reading every byte took curl ${curl_s} s, --write-counts ${write_s} s; counting time / curl's $(ratio "$counting" "$curl_s")" >&2
+    done
+    kill $ngx_pid 2>/dev/null; wait $ngx_pid 2>/dev/null || true; rm -rf "$ngx"; trap - EXIT
+    ;;
+  *) echo "unknown benchmark $w (channel, crc32c, local, formats, http, s3, memory, device, cache, images, trainers, tune, nodes, counts)" >&2; exit 2 ;;
   esac
 done

@@ -230,7 +230,9 @@ def main():
             reused = sum(p.get("counts_reused", 0) for p in plans)
             report.setdefault("counting", []).append({"node": i, "shards_counted": counted, "counts_reused": reused,
                                                       "count_bytes": sum(p.get("count_bytes", 0) for p in plans)})
-            if len(plans) == args.ranks and (counted != len(shards) or reused != (args.ranks - 1) * len(shards)):
+            if len(plans) != args.ranks:
+                failures.append("node %d: %d of its %d ranks reported their plan's figures" % (i, len(plans), args.ranks))
+            elif counted != len(shards) or reused != (args.ranks - 1) * len(shards):
                 failures.append("node %d: its ranks counted %d shards and reused %d; want each of the %d counted once"
                                 % (i, counted, reused, len(shards)))
         repeated = [k for k, n in seen.items() if n > 1]

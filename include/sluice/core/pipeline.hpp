@@ -451,6 +451,7 @@ private:
             stage_setup s{*r->rt};
             s.internal.upstream_memory = i ? &memory[i - 1] : nullptr;
             s.internal.run = r->env.run.get();
+            s.internal.at = i;
             if (opts_.tune || opts_.memory) s.internal.knobs = &r->knobs;
             if (opts_.memory) s.internal.fixed_bytes = &r->fixed_bytes;
             const std::size_t knobs_before = r->knobs.size();

@@ -214,6 +214,9 @@ struct setup_internal {
     /// Where a stage offers settings to the tuner (pipeline_options::tune); null when the
     /// pipeline is not tuned.
     std::vector<knob>* knobs = nullptr;
+    /// The stage's place in the chain (0: the first), for what it offers the stages
+    /// around it (core/detail/shard_counting.hpp).
+    std::size_t at = 0;
     /// Where a stage adds the bytes it holds whatever the memory budget says (a shuffle's
     /// max_bytes: its buffer decides the order, so the budget cannot shrink it); null
     /// without a budget.

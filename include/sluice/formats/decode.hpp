@@ -242,14 +242,19 @@ stage<chunk, Out> decoder(std::string name, decode_options o, format_defaults d 
 /// only what the broken member held).
 /// Cancellation: stops at the next send.
 /// Example: `sluice::read() | sluice::gunzip() | sluice::lines()`
+/// Counting (plan without counts): shards it passes untouched are counted through it;
+/// gzip'd ones are refused, naming the shard (counting them would inflate all of them).
 template <class = void>  // compiled only where used (see make_stage)
 stage<chunk, chunk> gunzip(gzip_options o = {}) {
-    return make_stage<chunk, chunk>(
+    auto s = make_stage<chunk, chunk>(
         "gunzip", {.on = pool::cpu, .out = o.out}, [o](stage_context<chunk, chunk>& ctx) {
             auto pol = detail::policy_for(o, ctx.stats, ctx.rt);
             pol->max_member_bytes = o.max_record_bytes;
             return detail::gunzip_worker(ctx, detail::gunzip_decoder(std::move(pol), o.mode, o.chunk_size));
         });
+    return detail::also_at_setup(std::move(s), [mode = o.mode](stage_setup& st) {
+        detail::offer_passing(st.internal.run, st.internal.at, [mode](detail::shard_reader& r) { detail::refuse_gzip(r, mode); });
+    });
 }
 
 template <class Out, class Make>
@@ -281,7 +286,7 @@ stage<chunk, Out> detail::format_stage(std::string name, decode_options o, forma
     // Plan may count records with this decoder's numbering (formats/detail/counting.hpp).
     if (count)
         parse = also_at_setup(std::move(parse), [count = std::move(count), fmt](stage_setup& s) {
-            offer_counter(s.internal.run, fmt, count);
+            offer_counter(s.internal.run, s.internal.at, fmt, count);
         });
     if (gz == compression::none) return parse;
     return gunzip(std::move(g)) | std::move(parse);

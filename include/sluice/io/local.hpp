@@ -281,7 +281,7 @@ stage<shard, chunk> read(read_options o = {}) {
                                       [o](stage_context<shard, chunk>& ctx) { return detail::read_worker(ctx, o); });
     // Plan may count records through it (core/detail/shard_counting.hpp).
     s = detail::also_at_setup(std::move(s), [](stage_setup& st) {
-        detail::offer_access(st.internal.run, "read", [](std::stop_token) -> std::unique_ptr<detail::shard_access> {
+        detail::offer_access(st.internal.run, st.internal.at, "read", [](std::stop_token) -> std::unique_ptr<detail::shard_access> {
             return std::make_unique<detail::local_access>();
         });
     });

@@ -5,8 +5,10 @@
 //
 // The counts file, `<dir>/record-counts`, keeps one line per shard version:
 //     COUNT FORMAT SIZE VERSION URL
-// keyed by everything but the count: a shard rewritten (another size or mtime/ETag), or
-// read by another format (tar and webdataset number a file differently), is counted
+// (the URL without credentials or query string, plus a hash of the whole where those
+// were there: see counts_url) keyed by everything but the count: a shard rewritten (another size or mtime/ETag), or
+// read by another format (tar and webdataset number a file differently; "+gunzip" when
+// counted through a gunzip, which refuses gzip'd shards), is counted
 // again. Lines it cannot read are ignored (counted again), never trusted.
 //
 // One counter per node: every process takes an exclusive flock on
@@ -20,6 +22,7 @@
 // in memory by each process, and the stage's figures say so ("counts" note).
 
 #include <sluice/core/detail/shard_counting.hpp>
+#include <sluice/core/detail/random.hpp>
 #include <sluice/core/error.hpp>
 
 #include <fcntl.h>
@@ -29,6 +32,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
@@ -39,6 +43,7 @@
 #include <sstream>
 #include <stop_token>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -80,9 +85,23 @@ inline std::string counts_word(const std::string& v) {
     return out;
 }
 
+/// A URL as the counts file keeps it: as error messages show it (source_error::redact:
+/// no user:password@, no query string, where presigned URLs carry their signature), plus a
+/// hash of the whole URL where that differs, so no credential is written to disk and two
+/// URLs that differ only there are still told apart; escaped like a version.
+inline std::string counts_url(const std::string& url) {
+    std::string out = source_error::redact(url);
+    if (out != url) {
+        char hex[24];
+        std::snprintf(hex, sizeof hex, "#%016llx", static_cast<unsigned long long>(fnv1a(fnv_offset, url)));
+        out += hex;
+    }
+    return counts_word(out);
+}
+
 /// The key of a shard version: "FORMAT SIZE VERSION URL" (the line less its count).
 inline std::string counts_key(const std::string& format, const std::string& url, const shard_facts& f) {
-    return format + ' ' + std::to_string(f.size) + ' ' + counts_word(f.version) + ' ' + url;
+    return format + ' ' + std::to_string(f.size) + ' ' + counts_word(f.version) + ' ' + counts_url(url);
 }
 
 /// The counts file's lines as key -> count; lines it cannot read are left out.
@@ -105,10 +124,11 @@ inline std::map<std::string, std::uint64_t> load_counts_file(const std::string& 
     return out;
 }
 
-/// Runs `work(i)` for i in [0, n) on up to `threads` threads; the first exception stops
-/// the others (at their next item) and is rethrown.
+/// Runs `work(i)` for i in [0, n) on up to `threads` threads (fewer where the system
+/// gives fewer); the first exception, or a stop, ends the others at their next item, and
+/// is rethrown.
 template <class Work>
-void for_each_parallel(std::size_t n, unsigned threads, Work work) {
+void for_each_parallel(std::size_t n, unsigned threads, const std::stop_token& stop, Work work) {
     std::atomic<std::size_t> next{0};
     std::atomic<bool> failed{false};
     std::exception_ptr first;
@@ -116,6 +136,7 @@ void for_each_parallel(std::size_t n, unsigned threads, Work work) {
     auto run = [&] {
         for (std::size_t i; !failed.load() && (i = next.fetch_add(1)) < n;) {
             try {
+                if (stop.stop_requested()) throw stopped{};
                 work(i);
             } catch (...) {
                 std::lock_guard lock(m);
@@ -126,7 +147,10 @@ void for_each_parallel(std::size_t n, unsigned threads, Work work) {
     };
     std::vector<std::thread> ts;
     const auto t = static_cast<unsigned>(std::min<std::size_t>(threads, n));
-    for (unsigned k = 1; k < t; ++k) ts.emplace_back(run);
+    try {
+        for (unsigned k = 1; k < t; ++k) ts.emplace_back(run);
+    } catch (const std::system_error&) {  // no more threads: those started and this one do it
+    }
     run();
     for (auto& th : ts) th.join();
     if (first) std::rethrow_exception(first);
@@ -186,7 +210,7 @@ inline counted_shards count_shards(const std::vector<std::string>& urls, const c
         std::lock_guard lock(m);
         spare.push_back(std::move(a));
     };
-    for_each_parallel(urls.size(), threads, [&](std::size_t i) {
+    for_each_parallel(urls.size(), threads, stop, [&](std::size_t i) {
         auto a = take();
         facts[i] = a->facts(urls[i]);
         give(std::move(a));
@@ -202,10 +226,14 @@ inline counted_shards count_shards(const std::vector<std::string>& urls, const c
     out.where = kept ? file : dir.empty() ? "not kept (no directory: set plan_options::counts_dir)"
                                           : "not kept (cannot write " + dir + ")";
     auto known = kept ? load_counts_file(file) : std::map<std::string, std::uint64_t>{};
+    // Counted through a gunzip (the decoder's own or the user's), a gzip'd shard is
+    // refused; counted without one, it is counted as it is read: keyed apart.
+    const auto between = b.checks_between();
+    const std::string format = between.empty() ? b.format : b.format + "+gunzip";
     std::vector<std::size_t> missing;
     std::vector<std::string> keys(urls.size());
     for (std::size_t i = 0; i < urls.size(); ++i) {
-        keys[i] = counts_key(b.format, urls[i], facts[i]);
+        keys[i] = counts_key(format, urls[i], facts[i]);
         if (auto it = known.find(keys[i]); it != known.end()) {
             out.counts[i] = it->second;
             ++out.reused;
@@ -214,22 +242,41 @@ inline counted_shards count_shards(const std::vector<std::string>& urls, const c
         }
     }
     std::atomic<std::uint64_t> bytes{0};
-    for_each_parallel(missing.size(), threads, [&](std::size_t k) {
+    for_each_parallel(missing.size(), threads, stop, [&](std::size_t k) {
         const std::size_t i = missing[k];
         auto a = take();
         shard_reader r(*a, urls[i], facts[i].size, stop);
+        for (auto& check : between) check(r);  // a gunzip between reader and decoder refuses gzip'd shards
         out.counts[i] = b.count(r);
         bytes += r.bytes_read();
+        // A shard rewritten while it was counted (at the same size, or the reads would have
+        // found it short) would keep a count that is not its own under its new version.
+        const shard_facts after = a->facts(urls[i]);
+        if (after.size != facts[i].size || after.version != facts[i].version)
+            throw source_error(urls[i], "cannot count records: the shard changed while they were counted (size " +
+                                            std::to_string(facts[i].size) + " -> " + std::to_string(after.size) +
+                                            ", version " + counts_word(facts[i].version) + " -> " +
+                                            counts_word(after.version) + "):");
         give(std::move(a));
     });
     out.counted = missing.size();
     out.bytes = bytes.load();
     if (!kept || missing.empty()) return out;
     // Back into the file: what was there, less older versions of these shards, plus them.
-    std::map<std::string, std::string> current;  // "FORMAT URL" -> the key of the version counted now
+    // "FORMAT URL" -> the key of the version counted now; the URL without the hash a
+    // credential or query string adds (counts_url), so a presigned URL signed anew
+    // replaces its old line instead of adding one each run.
+    auto family = [](std::string url) {
+        const auto h = url.rfind('#');
+        if (h != std::string::npos && url.size() - h == 17 &&
+            url.find_first_not_of("0123456789abcdef", h + 1) == std::string::npos)
+            url.resize(h);
+        return url;
+    };
+    std::map<std::string, std::string> current;
     for (auto i : missing) {
         known[keys[i]] = out.counts[i];
-        current[b.format + ' ' + urls[i]] = keys[i];
+        current[format + ' ' + family(counts_url(urls[i]))] = keys[i];
     }
     const std::string tmp = file + ".tmp." + std::to_string(::getpid());
     {
@@ -237,7 +284,7 @@ inline counted_shards count_shards(const std::vector<std::string>& urls, const c
         for (auto& [key, n] : known) {
             // An older version of a shard just counted (same format and URL) is dropped.
             const auto s1 = key.find(' '), s2 = key.find(' ', s1 + 1), s3 = key.find(' ', s2 + 1);
-            const auto it = current.find(key.substr(0, s1) + ' ' + key.substr(s3 + 1));
+            const auto it = current.find(key.substr(0, s1) + ' ' + family(key.substr(s3 + 1)));
             if (it == current.end() || it->second == key) o << n << ' ' << key << '\n';
         }
         o.flush();

@@ -343,13 +343,16 @@ stage<std::string, shard> plan(plan_options o = {}) {
             // Setups run last stage first: the reader and decoder after plan made their offers.
             auto b = s.internal.run->slot<detail::counting_board>("counting");
             std::lock_guard lock(b->m);
-            if (!b->access || !b->count)
+            if (!b->adjacent())
                 throw error("sluice: plan: rank " + std::to_string(sp.rank) + " of " + std::to_string(sp.world) + " (" +
                             sp.from + ") needs record counts to give every rank the same number of records, and "
                             "cannot count them itself: " +
-                            (!b->access ? std::string("no reader it knows (read, fetch) follows it")
-                                        : "no decoder it knows (tar, webdataset, tfrecord, recordio, lines, raw) "
-                                          "follows " + b->reader) +
+                            (!b->access  ? std::string("no reader it knows (read, fetch) follows it")
+                             : !b->count ? "no decoder it knows (tar, webdataset, tfrecord, recordio, lines, raw) "
+                                           "follows " + b->reader
+                                         : "a stage between " + b->reader + " and " + b->format +
+                                               " may change the bytes " + b->format + " decodes (only gunzip() may "
+                                               "stand there)") +
                             ". Pass .counts (sluice::read_record_counts, sluice::count_records; sluice-probe "
                             "--counts), or .share = sluice::share::by_shard for ranks that need not step together");
             st->offered.access = b->access;
@@ -357,6 +360,9 @@ stage<std::string, shard> plan(plan_options o = {}) {
             st->offered.cache_dir = b->cache_dir;
             st->offered.count = b->count;
             st->offered.format = b->format;
+            st->offered.passing = b->passing;
+            st->offered.access_at = b->access_at;
+            st->offered.count_at = b->count_at;
         }
         s.internal.run->note("plan", std::string("seed=") + (o.seed ? std::to_string(*o.seed) : "none") +
                                " rank=" + std::to_string(sp.rank) + " world=" + std::to_string(sp.world) +

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <map>
 #include <mutex>
 #include <stop_token>
 #include <string>
@@ -94,10 +95,10 @@ private:
 /// A decoder's counter: the records `r`'s shard yields, as that decoder numbers them.
 using record_counter = std::function<std::uint64_t(shard_reader& r)>;
 
-/// From a reader's setup: offers its access (the reader nearest plan, whose setup runs
-/// last, is the one plan uses).
-inline void offer_access(run_state* run, std::string reader, std::function<std::unique_ptr<shard_access>(std::stop_token)> f,
-                         std::string cache_dir = {});
+/// From a reader's setup (stage_setup::internal.at is `at`): offers its access (the
+/// reader nearest plan, whose setup runs last, is the one plan uses).
+inline void offer_access(run_state* run, std::size_t at, std::string reader,
+                         std::function<std::unique_ptr<shard_access>(std::stop_token)> f, std::string cache_dir = {});
 
 /// What the stages after plan offered, in the run's state under "counting".
 struct counting_board {
@@ -112,25 +113,58 @@ struct counting_board {
     /// "webdataset" count the same file differently).
     record_counter count;
     std::string format;
+    /// Where they sit in the chain: the counter walks the reader's bytes, so it is used
+    /// only when the decoder takes them as read, or through stages that pass the bytes
+    /// of the shards they can count untouched (`passing`, by place: a gunzip, which
+    /// passes shards that are not gzip'd, and whose check refuses the gzip'd ones). Any
+    /// other stage between them (a decryption, a stage of the user's) may change the
+    /// bytes: then plan cannot count.
+    std::size_t access_at = 0, count_at = 0;
+    std::map<std::size_t, std::function<void(shard_reader&)>> passing;
+    bool adjacent() const {
+        if (!access || !count || count_at <= access_at) return false;
+        for (std::size_t i = access_at + 1; i < count_at; ++i)
+            if (!passing.count(i)) return false;
+        return true;
+    }
+    /// The checks of the stages between reader and decoder, for one shard (throw to refuse it).
+    std::vector<std::function<void(shard_reader&)>> checks_between() const {
+        std::vector<std::function<void(shard_reader&)>> out;
+        for (auto& [at, check] : passing)
+            if (at > access_at && at < count_at) out.push_back(check);
+        return out;
+    }
 };
 
-inline void offer_access(run_state* run, std::string reader, std::function<std::unique_ptr<shard_access>(std::stop_token)> f,
-                         std::string cache_dir) {
+inline void offer_access(run_state* run, std::size_t at, std::string reader,
+                         std::function<std::unique_ptr<shard_access>(std::stop_token)> f, std::string cache_dir) {
     if (!run) return;
     auto b = run->slot<counting_board>("counting");
     std::lock_guard lock(b->m);
     b->access = std::move(f);
+    b->access_at = at;
     b->reader = std::move(reader);
     b->cache_dir = std::move(cache_dir);
 }
 
-/// From a decoder's setup: offers its counter (the decoder nearest plan wins, as above).
-inline void offer_counter(run_state* run, std::string format, record_counter count) {
+/// From a decoder's setup (at `at`): offers its counter (the decoder nearest plan wins,
+/// as above).
+inline void offer_counter(run_state* run, std::size_t at, std::string format, record_counter count) {
     if (!run) return;
     auto b = run->slot<counting_board>("counting");
     std::lock_guard lock(b->m);
     b->count = std::move(count);
+    b->count_at = at;
     b->format = std::move(format);
+}
+
+/// From the setup of a stage (at `at`) that passes the bytes of the shards a counter can
+/// count untouched; `check` refuses (throws for) a shard it would change.
+inline void offer_passing(run_state* run, std::size_t at, std::function<void(shard_reader&)> check) {
+    if (!run) return;
+    auto b = run->slot<counting_board>("counting");
+    std::lock_guard lock(b->m);
+    b->passing[at] = std::move(check);
 }
 
 }  // namespace sluice::detail

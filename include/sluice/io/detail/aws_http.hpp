@@ -160,7 +160,8 @@ inline void blocking_call(const blocking_request& q, s3_reply& r, CURL* reuse = 
     if (headers) curl_easy_setopt(e, CURLOPT_HTTPHEADER, headers);
     r.result = curl_easy_perform(e);
     curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &r.status);
-    if (!reuse) curl_easy_cleanup(e);
+    if (reuse) curl_easy_reset(e);  // it pointed at this call's buffers and headers
+    else curl_easy_cleanup(e);
     curl_slist_free_all(headers);
 }
 

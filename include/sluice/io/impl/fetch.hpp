@@ -36,6 +36,7 @@
 #include <cctype>
 #include <cstring>
 #include <thread>
+#include <condition_variable>
 
 namespace sluice::detail {
 
@@ -254,14 +255,23 @@ public:
 
     shard_facts facts(const std::string& url) override {
         s3_reply r;
-        get(url, 0, 0, r, /*probe=*/true);
         shard_facts f;
-        const auto total = header(r.headers, "content-range");  // "bytes 0-0/SIZE" or "bytes */SIZE"
-        const auto slash = total.rfind('/');
-        if (slash == std::string::npos || total.substr(slash + 1) == "*")
-            throw source_error(url, "cannot count records: the server did not say the object's size (no Content-Range) for",
-                               std::make_error_code(std::errc::protocol_error));
-        f.size = std::stoull(total.substr(slash + 1));
+        if (get(url, 0, 0, r, /*probe=*/true) == reply::whole) {
+            f.size = r.body.size();  // a server that answers the whole of a small object
+        } else if (r.status == 416) {
+            f.size = 0;  // no byte 0: the object is empty
+        } else {  // "bytes 0-0/SIZE"
+            const auto total = header(r.headers, "content-range");
+            const auto slash = total.rfind('/');
+            std::uint64_t n = 0;
+            const auto digits = slash == std::string::npos ? std::string() : total.substr(slash + 1);
+            bool ok = !digits.empty() && digits.size() < 20;
+            for (char c : digits) ok = ok && c >= '0' && c <= '9', n = n * 10 + static_cast<unsigned>(c - '0');
+            if (!ok)
+                throw source_error(url, "cannot count records: the server did not say the object's size (Content-Range '" +
+                                            total.substr(0, 64) + "') for");
+            f.size = n;
+        }
         f.version = header(r.headers, "etag");
         if (f.version.empty()) f.version = header(r.headers, "last-modified");
         return f;
@@ -273,9 +283,11 @@ public:
     std::size_t read(const std::string& url, std::uint64_t offset, std::byte* into, std::size_t n) override {
         if (n == 0) return 0;
         s3_reply r;
-        get(url, offset, offset + n - 1, r, false);
-        const std::size_t got = std::min(n, r.body.size());
-        std::memcpy(into, r.body.data(), got);
+        const bool whole = get(url, offset, offset + n - 1, r, false) == reply::whole;
+        std::string_view body = r.body;
+        if (whole) body = offset < body.size() ? body.substr(static_cast<std::size_t>(offset)) : std::string_view();
+        const std::size_t got = std::min(n, body.size());
+        std::memcpy(into, body.data(), got);
         return got;
     }
 
@@ -317,9 +329,13 @@ private:
         return {s3_http_url(*c, *loc), auth_of(*c)};
     }
 
-    // GET bytes [from, to]; `probe`: asking for the size, where 416 (an empty object) is
-    // an answer too.
-    void get(const std::string& url, std::uint64_t from, std::uint64_t to, s3_reply& r, bool probe) {
+    enum class reply { range, whole };
+
+    // GET bytes [from, to]: the range (206; for the `probe` of the size, 416 too: an empty
+    // object), or the whole object where the server answers 200 with all of it (small
+    // objects; a large one overflows the small-reply limit and is refused: counting would
+    // read every byte).
+    reply get(const std::string& url, std::uint64_t from, std::uint64_t to, s3_reply& r, bool probe) {
         const backoff_policy retry{o_.retries, o_.backoff_base, o_.backoff_cap};
         for (unsigned attempt = 0;; ++attempt) {
             r = s3_reply{};
@@ -336,8 +352,9 @@ private:
             q.stop = stop_;
             blocking_call(q, r, e_);
             if (stop_.stop_requested()) throw stopped{};
-            if (r.result == CURLE_OK && (r.status == 206 || (probe && r.status == 416))) return;
-            if (r.result == CURLE_OK && r.status == 200)
+            if (r.result == CURLE_OK && (r.status == 206 || (probe && r.status == 416))) return reply::range;
+            if (r.result == CURLE_OK && r.status == 200) return reply::whole;
+            if (r.status == 200 && r.result == CURLE_WRITE_ERROR)
                 throw source_error(url, "cannot count records: the server ignores ranged requests (HTTP 200 to a "
                                    "Range), so counting would read all of it; pass plan_options::counts for",
                                    std::make_error_code(std::errc::not_supported));
@@ -345,9 +362,14 @@ private:
             if (!transient || attempt >= retry.retries) {
                 std::string why = request_failure(r.result, r.errbuf, r.status, r.body);
                 if (attempt) why += " after " + std::to_string(attempt + 1) + " attempts";
-                throw source_error(url, "cannot count records (" + why + ") in", {}, from);
+                throw source_error(url, "cannot count records (" + why + ") in", {}, from)
+                    .with_code(request_code(r.result, r.status));
             }
-            std::this_thread::sleep_for(retry.delay(attempt, jitter_));
+            std::mutex m;
+            std::condition_variable_any cv;
+            std::unique_lock lock(m);
+            cv.wait_for(lock, stop_, retry.delay(attempt, jitter_), [] { return false; });  // a stop ends it at once
+            if (stop_.stop_requested()) throw stopped{};
         }
     }
 
@@ -359,7 +381,7 @@ private:
 };
 
 inline void offer_remote_access(stage_setup& s, const std::shared_ptr<fetch_run>& run, const fetch_options& o) {
-    offer_access(s.internal.run, "fetch",
+    offer_access(s.internal.run, s.internal.at, "fetch",
                  [run, o](std::stop_token stop) -> std::unique_ptr<shard_access> {
                      return std::make_unique<remote_access>(run, o, std::move(stop));
                  },
