@@ -98,7 +98,11 @@ options:
   --stop-after-batches N stop after N batches (with --save-state: a crash-like cut)
   --save-state FILE      at the end (or the cut), write the pipeline's state to FILE
   --resume FILE          start from a state written by --save-state: deliver exactly
-                         what that run had not delivered
+                         what that run had not delivered. Given once per rank of the
+                         world that saved them (every rank's state, after the same
+                         batch), the states are merged (sluice::merge_states): this
+                         rank of a world of any size takes its equal share of what no
+                         old rank delivered
   --cache DIR            http(s)/s3: keep a local copy of each object in DIR; later
                          epochs and runs read it from there (shared safely by processes)
   --cache-bytes N        the cache's limit in bytes; least recently used objects go
@@ -180,7 +184,8 @@ struct options {
     unsigned epochs = 1;
     std::optional<unsigned> rank, world;
     sluice::share share = sluice::share::drop;
-    std::string counts, counts_dir, write_counts, emit_keys, save_state, resume, cache;
+    std::string counts, counts_dir, write_counts, emit_keys, save_state, cache;
+    std::vector<std::string> resume;  // several: the states of every rank, merged
     std::uint64_t cache_bytes = 0;
     std::optional<std::uint64_t> stop_after;
     bool deterministic = false;
@@ -304,7 +309,7 @@ options parse(int argc, char** argv) {
         } else if (a == "--save-state") {
             o.save_state = value();
         } else if (a == "--resume") {
-            o.resume = value();
+            o.resume.emplace_back(value());
         } else if (a == "--cache") {
             o.cache = value();
         } else if (a == "--cache-bytes") {
@@ -812,15 +817,23 @@ int main(int argc, char** argv) {
     const std::uint64_t budget_bytes = o.memory ? o.memory : (o.format == "raw" ? 3ull : 4ull) * o.channel_bytes;
 
     sluice::pipeline_options popts = exports(o, {.runtime = {.cpu_threads = o.threads}});
-    if (!o.resume.empty()) {
-        std::ifstream in(o.resume);
+    std::vector<std::string> states;
+    for (auto& file : o.resume) {
+        std::ifstream in(file);
         std::ostringstream blob;
         blob << in.rdbuf();
         if (!in || blob.str().empty()) {
-            std::cerr << "sluice-probe: cannot read the state '" << o.resume << "'\n";
+            std::cerr << "sluice-probe: cannot read the state '" << file << "'\n";
             return 1;
         }
-        popts.resume = blob.str();
+        states.push_back(blob.str());
+    }
+    try {
+        if (states.size() == 1) popts.resume = states[0];
+        else if (states.size() > 1) popts.resume = sluice::merge_states(states);
+    } catch (const std::exception& e) {
+        std::cerr << e.what() << '\n';
+        return 1;
     }
     try {
         if (o.pinned) {

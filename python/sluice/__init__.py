@@ -28,7 +28,7 @@ from ._sluice import DecompressError, DeviceError, Error, HTTPError, NetworkErro
 __all__ = ["Chain", "Pipeline", "Error", "SourceError", "HTTPError", "NetworkError", "DecompressError",
            "DeviceError", "list", "plan", "read", "fetch", "raw", "tar",
            "tfrecord", "recordio", "lines", "webdataset", "map", "decode_images", "shuffle", "batch",
-           "batch_images", "to_device"]
+           "batch_images", "to_device", "merge_states"]
 
 
 class Chain:
@@ -126,3 +126,10 @@ class Pipeline:
 
     def stop(self):
         self._p.stop()
+
+
+def merge_states(states):
+    """Merges the states (bytes from Pipeline.state()) of every rank of a world, saved
+    after the same step, into one state that a world of any other size resumes from:
+    Pipeline(chain, resume=merged) on every new rank (C++: sluice::merge_states)."""
+    return _sluice.merge_states([bytes(s) for s in states])

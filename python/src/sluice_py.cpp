@@ -602,4 +602,8 @@ PYBIND11_MODULE(_sluice, m) {
         .def("figures_json", &py_pipeline::figures_json)
         .def("table", &py_pipeline::table)
         .def("memory", &py_pipeline::memory);
+    m.def(
+        "merge_states",
+        [](const std::vector<std::string>& states) { return py::bytes(sluice::merge_states(states)); },
+        py::arg("states"));
 }

@@ -166,6 +166,31 @@ class Ranks(unittest.TestCase):
             self.assertEqual(counted, [(2, 0), (0, 2)])  # the second rank read the first's file
             self.assertTrue(os.path.exists(os.path.join(counts, "record-counts")))
 
+    def test_states_of_two_ranks_merged_resume_on_one_with_what_was_left(self):
+        with tempfile.TemporaryDirectory() as counts:
+            def chain(rank, world):
+                return (sluice.list(os.path.join(DATA.name, "shard-*.tar"))
+                        | sluice.plan(seed=3, rank=rank, world=world, counts_dir=counts)
+                        | sluice.read() | sluice.webdataset() | sluice.decode_images(size=16)
+                        | sluice.shuffle(buffer=20) | sluice.batch_images(size=10))
+            def keys(batches):
+                return [b.key(i) for b in batches for i in range(len(b))]
+            states, taken = [], []
+            for rank in (0, 1):
+                p = sluice.Pipeline(chain(rank, 2))
+                taken += keys([next(p) for _ in range(3)])
+                states.append(p.state())
+                p.stop()
+            merged = sluice.merge_states(states)
+            self.assertIn(b"reshard", merged)
+            rest = keys(sluice.Pipeline(chain(0, 1), resume=merged))
+            every = keys(sluice.Pipeline(chain(0, 1)))
+            self.assertEqual(len(taken), 60)
+            self.assertEqual(len(set(taken + rest)), len(taken) + len(rest))  # nothing twice
+            self.assertEqual(sorted(taken + rest), sorted(every))  # 2 shards of 100 samples: all of them
+            with self.assertRaisesRegex(sluice.Error, "rank 0 is given twice"):
+                sluice.merge_states([states[0], states[0]])
+
 
 class Map(unittest.TestCase):
     def lines_file(self, n):

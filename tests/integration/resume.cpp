@@ -303,6 +303,135 @@ TEST_CASE("a pipeline cut after any batch resumes with exactly the rest, local f
     }
 }
 
+TEST_CASE("states saved by 4 ranks resume on 2, and by 2 on 3: what no rank delivered comes once, in equal steps", "[resume][ranks]") {
+    dataset d({"--files", "7", "--records", "250", "--record-size", "30", "--vary", "--uneven", "--seed", "23"});
+    sluice_test::temp_dir out;
+    const std::vector<std::string> base{"--quiet", "--json", "--deterministic", "--seed", "9", "--shuffle", "60",
+                                        "--batch", "8", "--epochs", "2", d.glob()};
+    REQUIRE(probe(with(base, {"--epochs", "1", "--shuffle", "0", "--emit-keys", out / "all"})).status == 0);
+    const auto all_keys = lines_of(out / "all");
+    const std::set<std::string> dataset(all_keys.begin(), all_keys.end());
+    const std::uint64_t n = dataset.size();
+    REQUIRE(n == json_u64(d.summary, "records"));
+    struct change {
+        unsigned from, to;
+        std::string share;
+        std::uint64_t cut;  // batches each old rank took
+        bool counts;        // a counts file, or plan counts them itself
+    };
+    for (const change c : {change{4, 2, "drop", 13, true}, change{2, 3, "pad", 40, false}, change{3, 1, "drop", 1, true}}) {
+        INFO(c.from << " ranks -> " << c.to << ", share " << c.share << ", cut after " << c.cut);
+        sluice_test::temp_dir run;
+        const auto args = with(base, {"--share", c.share, "--counts-dir", run / "counts"});
+        auto counted = [&](std::vector<std::string> a) { return c.counts ? with(a, {"--counts", d.counts}) : a; };
+        std::multiset<std::string> old_keys;
+        std::vector<std::string> resume;
+        for (unsigned r = 0; r < c.from; ++r) {
+            const std::string tag = std::to_string(r);
+            auto a = probe(counted(with(args, {"--rank", tag, "--world", std::to_string(c.from), "--stop-after-batches",
+                                               std::to_string(c.cut), "--save-state", run / ("s" + tag), "--emit-keys",
+                                               run / ("a" + tag)})));
+            INFO(a.err);
+            REQUIRE(a.status == 0);
+            auto k = lines_of(run / ("a" + tag));
+            REQUIRE(k.size() == c.cut * 8);
+            old_keys.insert(k.begin(), k.end());
+            resume.insert(resume.end(), {"--resume", run / ("s" + tag)});
+        }
+        const std::set<std::string> delivered(old_keys.begin(), old_keys.end());
+        // Every old rank took q records of the epoch; what none of them delivered is left.
+        const std::uint64_t q = c.share == "pad" ? (n + c.from - 1) / c.from : n / c.from;
+        const std::uint64_t covered = c.share == "pad" ? n : c.from * q;
+        const std::uint64_t left = covered - delivered.size();
+        const std::uint64_t q2 = c.share == "pad" ? (left + c.to - 1) / c.to : left / c.to;
+        const std::uint64_t next = c.share == "pad" ? (n + c.to - 1) / c.to : n / c.to;  // epoch 1, new world
+        std::multiset<std::string> rest, epoch1;
+        std::set<std::uint64_t> batches;
+        std::vector<std::vector<std::string>> got(c.to);
+        for (unsigned r = 0; r < c.to; ++r) {
+            const std::string tag = std::to_string(r);
+            auto b = probe(counted(with(with(args, {"--rank", tag, "--world", std::to_string(c.to), "--emit-keys",
+                                                    run / ("b" + tag)}),
+                                        resume)));
+            INFO(b.err);
+            REQUIRE(b.status == 0);
+            batches.insert(json_u64(b.out, "batches"));
+            got[r] = lines_of(run / ("b" + tag));
+            REQUIRE(got[r].size() == q2 + next);  // this rank's equal share of what was left, then epoch 1
+            rest.insert(got[r].begin(), got[r].begin() + static_cast<std::ptrdiff_t>(q2));
+            epoch1.insert(got[r].begin() + static_cast<std::ptrdiff_t>(q2), got[r].end());
+        }
+        REQUIRE(batches.size() == 1);  // the new ranks step together
+        for (auto& k : rest) REQUIRE(delivered.count(k) == 0);  // nothing delivered comes again
+        std::set<std::string> union_(delivered.begin(), delivered.end());
+        union_.insert(rest.begin(), rest.end());
+        for (auto& k : union_) REQUIRE(dataset.count(k) == 1);
+        const std::set<std::string> distinct_rest(rest.begin(), rest.end());
+        if (c.share == "drop") {
+            REQUIRE(distinct_rest.size() == rest.size());          // none twice
+            REQUIRE(union_.size() == covered - (left - c.to * q2));  // all but the fewer than `to` dropped
+            REQUIRE(left - c.to * q2 < c.to);
+            REQUIRE(std::set<std::string>(epoch1.begin(), epoch1.end()).size() == epoch1.size());
+        } else {
+            REQUIRE(union_ == dataset);  // every record of the epoch, a few twice
+            REQUIRE(rest.size() - distinct_rest.size() == c.to * q2 - left);
+            REQUIRE(std::set<std::string>(epoch1.begin(), epoch1.end()) == dataset);
+        }
+        if (c.from != 4) continue;
+        // A new rank cut inside the epoch it resumed into saves a state that resumes at its
+        // own world size with exactly the rest, and that is refused by a merge.
+        const std::vector<std::string> mine = counted(with(args, {"--rank", "1", "--world", std::to_string(c.to)}));
+        REQUIRE(q2 > 3 * 8);  // the cuts below fall inside the epoch
+        for (std::uint64_t cut : {std::uint64_t{2}, q2 / 8 - 1}) {
+            INFO("new rank 1 cut after " << cut);
+            REQUIRE(probe(with(with(mine, resume), {"--stop-after-batches", std::to_string(cut), "--save-state",
+                                                    run / "t", "--emit-keys", run / "c"}))
+                        .status == 0);
+            auto again = probe(with(mine, {"--resume", run / "t", "--emit-keys", run / "e"}));
+            INFO(again.err << slurp_file(run / "t"));
+            REQUIRE(again.status == 0);
+            auto both = lines_of(run / "c");
+            auto more = lines_of(run / "e");
+            both.insert(both.end(), more.begin(), more.end());
+            REQUIRE(both == got[1]);
+        }
+        auto refused = probe(with(mine, {"--resume", run / "t", "--resume", run / "t"}));
+        REQUIRE(refused.status == 1);
+        REQUIRE(refused.err.find("which a change of world size resumed into") != std::string::npos);
+    }
+}
+
+TEST_CASE("merging states that do not make one world is refused, naming the state at fault", "[resume][ranks][errors]") {
+    dataset d({"--files", "3", "--records", "100"});
+    sluice_test::temp_dir out;
+    const std::vector<std::string> args{"--quiet", "--deterministic", "--seed", "1", "--shuffle", "50", "--batch", "8",
+                                        "--counts", d.counts, d.glob()};
+    for (std::string r : {"0", "1", "2"})
+        REQUIRE(probe(with(args, {"--rank", r, "--world", "3", "--stop-after-batches", "2", "--save-state", out / r})).status ==
+                0);
+    REQUIRE(probe(with(args, {"--rank", "1", "--world", "2", "--stop-after-batches", "2", "--save-state", out / "w2"})).status ==
+            0);
+    auto r = probe(with(args, {"--resume", out / "0", "--resume", out / "1"}));  // rank 2's missing
+    REQUIRE(r.status == 1);
+    REQUIRE(r.err.find("was saved by rank 0 of 3, but 2 states were given") != std::string::npos);
+    r = probe(with(args, {"--resume", out / "0", "--resume", out / "1", "--resume", out / "1"}));
+    REQUIRE(r.status == 1);
+    REQUIRE(r.err.find("rank 1 is given twice") != std::string::npos);
+    r = probe(with(args, {"--resume", out / "0", "--resume", out / "w2"}));
+    REQUIRE(r.status == 1);
+    REQUIRE(r.err.find("state 1 was saved in a world of 2 ranks, the states before it in one of 3") != std::string::npos);
+    // Merged, then resumed by a pipeline with another share or seed: named like any resume.
+    r = probe(with(args, {"--share", "pad", "--resume", out / "0", "--resume", out / "1", "--resume", out / "2"}));
+    REQUIRE(r.status == 1);
+    REQUIRE(r.err.find("the saved states were made with plan seed=1 share=0, this pipeline has plan seed=1 share=1") !=
+            std::string::npos);
+    r = probe({"--quiet", "--deterministic", "--seed", "2", "--shuffle", "50", "--batch", "8", "--counts", d.counts,
+               "--resume", out / "0", "--resume", out / "1", "--resume", out / "2", d.glob()});
+    REQUIRE(r.status == 1);
+    REQUIRE(r.err.find("the saved state was made with shuffle buffer=50 max_bytes=0 seed=1, this pipeline has") !=
+            std::string::npos);
+}
+
 // What a stage took in, from sluice-probe's JSON.
 std::uint64_t stage_in(const std::string& json, const std::string& stage) {
     const auto at = json.find("{\"name\":\"" + stage + "\"");

@@ -18,6 +18,7 @@
 #include <sluice/core/error.hpp>
 
 #include <algorithm>
+#include <set>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -51,12 +52,47 @@ public:
         std::uint64_t from = 0;
     };
 
+    /// A world-size change (merge_states): where each rank of the world that saved the
+    /// states stood in `epoch`. The new ranks share the records of that epoch no old rank
+    /// delivered (ops/plan.hpp); later epochs are planned for the new world as usual.
+    struct reshard {
+        std::uint32_t epoch = 0;
+        unsigned world = 0;                    // the old world size
+        std::uint64_t records = 0;             // what each old rank takes in `epoch`
+        std::vector<std::uint64_t> positions;  // how many of them it delivered, by rank
+        std::string plan;                      // the old ranks' plan settings less rank and world
+        bool any_delivered() const {
+            return std::any_of(positions.begin(), positions.end(), [](std::uint64_t p) { return p > 0; });
+        }
+    };
+
     run_state() = default;
-    /// From a blob written by pipeline::state(); throws sluice::error on a malformed one.
+    /// From a blob written by pipeline::state() or merge_states(); throws sluice::error on
+    /// a malformed one.
     explicit run_state(const std::string& blob) { parse(blob); }
 
     /// The point to resume from, when this run resumes.
     const std::optional<stream_point>& resume() const noexcept { return resume_; }
+
+    /// The world-size change this run resumes into, while it is in that epoch.
+    const std::optional<reshard>& resharded() const noexcept { return reshard_; }
+    /// Whether the saved state noted `key` (a merged state has no plan note: its ranks differ).
+    bool saved_note(const std::string& key) const {
+        std::lock_guard lock(m_);
+        return saved_notes_.count(key) != 0;
+    }
+    /// Set at setup by the stage nearest plan that knows the order (a shuffle, else batch):
+    /// for each old rank of the reshard, the records of the epoch it had not delivered
+    /// (replay: those at `keep` and from `from` on, in that rank's order), worked out from
+    /// its position as a resume of that rank would.
+    void set_undelivered(std::vector<replay> by_old_rank) {
+        std::lock_guard lock(m_);
+        undelivered_ = std::move(by_old_rank);
+    }
+    std::optional<std::vector<replay>> undelivered() const {
+        std::lock_guard lock(m_);
+        return undelivered_;
+    }
 
     /// A setting that defines the sequence (`key` is the stage, `value` its settings as
     /// text). On resume it must equal what the saved state recorded: a different seed or
@@ -164,7 +200,128 @@ public:
         o << "epoch " << at.epoch << "\n";
         o << "position " << at.position << "\n";
         if (auto n = records_locked(at.epoch)) o << "epoch_records " << *n << "\n";
+        // Still in that epoch, with records the old ranks delivered (else it is a plain state).
+        if (reshard_ && reshard_->epoch == at.epoch && reshard_->any_delivered()) write_reshard(o, *reshard_);
         for (auto& [k, v] : notes_) o << "note " << k << " " << v << "\n";
+        return o.str();
+    }
+
+    /// Plan's settings as a merged state keeps them: without rank= and world=.
+    static std::string without_rank(const std::string& plan_note) {
+        std::istringstream in(plan_note);
+        std::string out, word;
+        while (in >> word)
+            if (!word.starts_with("rank=") && !word.starts_with("world=")) out += (out.empty() ? "" : " ") + word;
+        return out;
+    }
+
+    /// See sluice::merge_states.
+    static std::string merge(const std::vector<std::string>& blobs) {
+        if (blobs.empty()) throw error("sluice: merge_states: no states given");
+        const unsigned world = static_cast<unsigned>(blobs.size());
+        std::deque<run_state> s;  // deque: built in place (a run_state holds a mutex)
+        for (std::size_t i = 0; i < blobs.size(); ++i) {
+            try {
+                s.emplace_back(blobs[i]);
+            } catch (const error& e) {
+                std::string why = e.what();
+                if (why.starts_with("sluice: cannot resume: ")) why = why.substr(23);
+                throw error("sluice: merge_states: state " + std::to_string(i) + ": " + why);
+            }
+        }
+        auto field = [](const std::string& note, const std::string& key) -> std::optional<unsigned long> {
+            std::istringstream in(note);
+            for (std::string w; in >> w;)
+                if (w.starts_with(key + "=")) {
+                    try {
+                        return std::stoul(w.substr(key.size() + 1));
+                    } catch (const std::exception&) {
+                        return std::nullopt;
+                    }
+                }
+            return std::nullopt;
+        };
+        // First the world each state was saved in: all the same, and as many states as that.
+        std::optional<unsigned long> saved_world;
+        for (std::size_t i = 0; i < s.size(); ++i) {
+            auto plan = s[i].saved_notes_.find("plan");
+            auto w = plan == s[i].saved_notes_.end() ? std::nullopt : field(plan->second, "world");
+            if (!w) continue;  // named below
+            if (saved_world && *w != *saved_world)
+                throw error("sluice: merge_states: state " + std::to_string(i) + " was saved in a world of " +
+                            std::to_string(*w) + " ranks, the states before it in one of " + std::to_string(*saved_world));
+            saved_world = w;
+        }
+        reshard r;
+        r.world = world;
+        r.positions.assign(world, 0);
+        std::vector<int> from(world, -1);  // old rank -> which state
+        for (std::size_t i = 0; i < s.size(); ++i) {
+            const auto& st = s[i];
+            const std::string which = "state " + std::to_string(i);
+            if (st.reshard_)
+                throw error("sluice: merge_states: " + which + " was saved in epoch " + std::to_string(st.reshard_->epoch) +
+                            ", which a change of world size resumed into; resume it at its own world size until that "
+                            "epoch ends, then merge the states saved after it");
+            auto plan = st.saved_notes_.find("plan");
+            if (plan == st.saved_notes_.end())
+                throw error("sluice: merge_states: " + which + " has no plan (only a pipeline with sluice::plan can "
+                            "change its world size)");
+            const auto rank = field(plan->second, "rank"), w = field(plan->second, "world");
+            if (!rank || !w) throw error("sluice: merge_states: " + which + "'s plan says no rank or world: '" + plan->second + "'");
+            if (*w != world)
+                throw error("sluice: merge_states: " + which + " was saved by rank " + std::to_string(*rank) + " of " +
+                            std::to_string(*w) + ", but " + std::to_string(world) +
+                            " states were given: give the states of every rank, one each");
+            if (*rank >= world)
+                throw error("sluice: merge_states: " + which + "'s rank " + std::to_string(*rank) + " is not below its world " +
+                            std::to_string(world));
+            if (from[*rank] >= 0)
+                throw error("sluice: merge_states: rank " + std::to_string(*rank) + " is given twice (states " +
+                            std::to_string(from[*rank]) + " and " + std::to_string(i) + ")");
+            from[*rank] = static_cast<int>(i);
+            if (field(plan->second, "share") == 2u)
+                throw error("sluice: merge_states: the ranks took whole shards (share::by_shard), not equal shares of "
+                            "records: a change of world size needs share::drop or share::pad");
+            const auto& first = s[0];
+            if (st.resume_->epoch != first.resume_->epoch)
+                throw error("sluice: merge_states: the states stand in different epochs (" + which + ": epoch " +
+                            std::to_string(st.resume_->epoch) + ", state 0: epoch " + std::to_string(first.resume_->epoch) +
+                            "): save every rank's state after the same step");
+            if (st.saved_records_ != first.saved_records_)
+                throw error("sluice: merge_states: " + which + " and state 0 disagree on the records a rank takes in epoch " +
+                            std::to_string(st.resume_->epoch) + " (made from other data?)");
+            std::set<std::string> keys;
+            for (auto* x : {&st, &first})
+                for (auto& [k, v] : x->saved_notes_) keys.insert(k);
+            for (auto& k : keys) {
+                auto a = st.saved_notes_.find(k), b = first.saved_notes_.find(k);
+                const std::string va = a == st.saved_notes_.end() ? "(none)" : k == "plan" ? without_rank(a->second) : a->second;
+                const std::string vb = b == first.saved_notes_.end() ? "(none)" : k == "plan" ? without_rank(b->second) : b->second;
+                if (va != vb)
+                    throw error("sluice: merge_states: " + which + " was made with " + k + " " + va + ", state 0 with " +
+                                k + " " + vb + ": the states must come from one run");
+            }
+            if (st.saved_records_ && st.resume_->position > *st.saved_records_)
+                throw error("sluice: merge_states: " + which + "'s position " + std::to_string(st.resume_->position) +
+                            " is past the " + std::to_string(*st.saved_records_) + " records its rank takes in epoch " +
+                            std::to_string(st.resume_->epoch));
+            r.positions[*rank] = st.resume_->position;
+        }
+        r.epoch = s[0].resume_->epoch;
+        r.plan = without_rank(s[0].saved_notes_.at("plan"));
+        if (r.any_delivered() && !s[0].saved_records_)
+            throw error("sluice: merge_states: the states do not say how many records a rank takes in epoch " +
+                        std::to_string(r.epoch) + " (saved without record counts: a run of one rank has them only "
+                        "when given plan_options::counts): a change of world size needs them");
+        r.records = s[0].saved_records_.value_or(0);
+        std::ostringstream o;
+        o << "sluice-state 1\n";
+        o << "epoch " << r.epoch << "\n";
+        o << "position 0\n";  // of the new rank's share of what is left
+        write_reshard(o, r);
+        for (auto& [k, v] : s[0].saved_notes_)
+            if (k != "plan") o << "note " << k << " " << v << "\n";
         return o.str();
     }
 
@@ -184,6 +341,12 @@ private:
         if (auto it = epoch_records_.find(epoch); it != epoch_records_.end()) return it->second;
         if (resume_ && saved_records_ && resume_->epoch == epoch) return saved_records_;
         return std::nullopt;
+    }
+
+    static void write_reshard(std::ostream& o, const reshard& r) {
+        o << "reshard " << r.epoch << " " << r.world << " " << r.records;
+        for (auto p : r.positions) o << " " << p;
+        o << "\nreshard_plan " << r.plan << "\n";
     }
 
     void parse(const std::string& blob) {
@@ -213,6 +376,34 @@ private:
             if (key == "epoch") p.epoch = static_cast<std::uint32_t>(number()), have_epoch = true;
             else if (key == "position") p.position = number(), have_position = true;
             else if (key == "epoch_records") saved_records_ = number();
+            else if (key == "reshard") {
+                std::istringstream words(rest);
+                std::vector<std::uint64_t> v;
+                std::string w;
+                while (words >> w) {
+                    std::size_t used = 0;
+                    try {
+                        v.push_back(std::stoull(w, &used));
+                    } catch (const std::exception&) {
+                        used = 0;
+                    }
+                    if (used == 0 || used != w.size() || w.starts_with('-'))
+                        throw error("sluice: cannot resume: bad number in the state's line '" + line + "'");
+                }
+                if (v.size() < 4 || v[1] != v.size() - 3 || v[0] > 0xffffffffu)
+                    throw error("sluice: cannot resume: the state's line '" + line +
+                                "' is not 'reshard EPOCH WORLD RECORDS' and a position for each rank");
+                reshard r;
+                r.epoch = static_cast<std::uint32_t>(v[0]);
+                r.world = static_cast<unsigned>(v[1]);
+                r.records = v[2];
+                r.positions.assign(v.begin() + 3, v.end());
+                if (reshard_) r.plan = reshard_->plan;
+                reshard_ = std::move(r);
+            } else if (key == "reshard_plan") {
+                if (!reshard_) reshard_.emplace();
+                reshard_->plan = rest;
+            }
             else if (key == "note") {
                 const auto sp2 = rest.find(' ');
                 saved_notes_[rest.substr(0, sp2)] = sp2 == std::string::npos ? "" : rest.substr(sp2 + 1);
@@ -220,6 +411,8 @@ private:
                 throw error("sluice: cannot resume: unknown line in the state: '" + line + "'");
         }
         if (!have_epoch || !have_position) throw error("sluice: cannot resume: the state has no epoch or position");
+        if (reshard_ && (reshard_->world == 0 || reshard_->plan.empty() || reshard_->epoch != p.epoch))
+            throw error("sluice: cannot resume: the state's reshard lines are incomplete or name another epoch");
         resume_ = p;
     }
 
@@ -231,6 +424,8 @@ private:
     std::map<std::string, std::string> notes_;
     std::map<std::uint32_t, std::uint64_t> epoch_records_;
     std::optional<replay> request_;
+    std::optional<reshard> reshard_;
+    std::optional<std::vector<replay>> undelivered_;
     std::deque<stream_point> stamps_;
     std::string unknown_;
     bool full_replay_ = false;
@@ -238,4 +433,19 @@ private:
 };
 
 }  // namespace detail
+
+/// Merges the states saved by every rank of a world (pipeline::state(), one per rank,
+/// after the same step) into one state from which a world of any other size resumes:
+/// give it to every new rank as pipeline_options::resume. The new ranks share equally
+/// the records of the saved epoch that no old rank had delivered (under share::drop,
+/// fewer than the new world size of them wait for the next epoch; under share::pad a few
+/// are read twice), so nothing delivered is repeated and nothing is lost; the epochs
+/// after it are planned for the new world as in any run. Needs plan with equal shares
+/// (drop or pad) and record counts (given or counted), and a shuffle without max_bytes.
+/// The states must come from one run: the same settings and data, the same epoch. A
+/// state saved in the epoch a merged state resumed into resumes at its own world size;
+/// merge the states saved after that epoch to change again. Throws sluice::error naming
+/// the state at fault.
+inline std::string merge_states(const std::vector<std::string>& states) { return detail::run_state::merge(states); }
+
 }  // namespace sluice

@@ -137,6 +137,14 @@ std::function<void(stage_setup&)> batch_setup(const batch_options& o) {
         s.internal.run->note("batch", "size=" + std::to_string(o.size) + " drop_last=" + std::to_string(int(o.drop_last)));
         check_epochs_at_start<T>(s, "batch", o.epochs);
         if (auto at = s.internal.run->resume()) s.internal.run->request({at->epoch, {}, at->position});
+        // A change of world size (merge_states) without a shuffle: each old rank had
+        // delivered the first records of its share (a shuffle's setup, after this, says
+        // otherwise).
+        if (auto& rs = s.internal.run->resharded(); rs && rs->any_delivered()) {
+            std::vector<detail::run_state::replay> old;
+            for (auto p : rs->positions) old.push_back({rs->epoch, {}, p});
+            s.internal.run->set_undelivered(std::move(old));
+        }
     };
 }
 

@@ -279,27 +279,146 @@ inline std::vector<shard> plan_epoch(const std::vector<std::string>& urls, const
 }
 
 /// On resume with a replay plan: of `plan` (one epoch), only the records at the
-/// requested positions (counted in the rank's order of that epoch).
+/// requested positions (counted in the rank's order of that epoch: a shard's `extra`
+/// records, then its run [first, end)).
 inline std::vector<shard> replay_part(const std::vector<shard>& plan, const run_state::replay& want) {
     std::vector<shard> out;
     std::uint64_t base = 0;  // position of the shard's first taken record
     auto k = want.keep.begin();
     for (auto& s : plan) {
-        const std::uint64_t n = std::min(s.end, s.records) - s.first;
+        const std::uint64_t ne = s.extra ? s.extra->size() : 0;
+        const std::uint64_t n = ne + (std::min(s.end, s.records) - s.first);
         const std::uint64_t lo = base, hi = base + n;
         base = hi;
+        auto ordinal = [&](std::uint64_t pos) { return pos - lo < ne ? (*s.extra)[pos - lo] : s.first + (pos - lo - ne); };
         std::vector<std::uint64_t> extra;
         while (k != want.keep.end() && *k < hi) {
-            if (*k >= lo) extra.push_back(s.first + (*k - lo));
+            if (*k >= lo) extra.push_back(ordinal(*k));
             ++k;
         }
         const std::uint64_t from = std::max(want.from, lo);
         if (extra.empty() && from >= hi) continue;  // nothing of this shard is needed again
         shard t = s;
-        t.first = from < hi ? s.first + (from - lo) : s.end;
-        if (!extra.empty()) t.extra = std::make_shared<const std::vector<std::uint64_t>>(std::move(extra));
+        if (from >= hi) {
+            t.first = s.end;
+        } else if (from - lo < ne) {  // some of its extra records, then all of its run
+            extra.insert(extra.end(), s.extra->begin() + static_cast<std::ptrdiff_t>(from - lo), s.extra->end());
+        } else {
+            t.first = s.first + (from - lo - ne);
+        }
+        t.extra = extra.empty() ? nullptr : std::make_shared<const std::vector<std::uint64_t>>(std::move(extra));
         out.push_back(std::move(t));
     }
+    return out;
+}
+
+/// A change of world size (run_state::reshard, from merge_states): the shards this rank
+/// of the new world reads in the reshard's epoch. The epoch's records in its order are
+/// positions [0, n); old rank r took positions r*q.. (q each, wrapping under pad) and
+/// delivered those its `undelivered` entry leaves out. What no old rank delivered, in
+/// position order, is shared among the new ranks as plan_epoch shares an epoch. Worked
+/// out on runs of positions, not one by one: memory grows with the old ranks and their
+/// shuffles' buffers, not with the epoch.
+inline std::vector<shard> reshard_epoch(const std::vector<std::string>& urls, const std::vector<std::uint64_t>& counts,
+                                        const plan_options& o, const plan_split& sp, const run_state::reshard& rs,
+                                        const std::vector<run_state::replay>& undelivered, std::uint64_t& records) {
+    const std::uint32_t epoch = rs.epoch;
+    std::vector<std::size_t> order(urls.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    if (o.seed) {
+        rng r(mix(*o.seed, epoch));
+        shuffle(order, r);
+    }
+    std::vector<std::uint64_t> start(order.size() + 1, 0);
+    for (std::size_t p = 0; p < order.size(); ++p) start[p + 1] = start[p] + counts[order[p]];
+    const std::uint64_t n = start.back();
+    const std::uint64_t q = o.share == share::pad ? (n + rs.world - 1) / rs.world : n / rs.world;
+    if (undelivered.size() != rs.world)
+        throw error("sluice: cannot resume into another world size: " + std::to_string(undelivered.size()) +
+                    " old ranks' deliveries worked out, the state names " + std::to_string(rs.world));
+    if (q != rs.records)
+        throw error("sluice: cannot resume into another world size: the saved states say each of the " +
+                    std::to_string(rs.world) + " old ranks took " + std::to_string(rs.records) + " records of epoch " +
+                    std::to_string(epoch) + ", the record counts now give " + std::to_string(q) +
+                    " (another dataset, or counts made from other data?)");
+    using span = std::pair<std::uint64_t, std::uint64_t>;  // positions [first, second)
+    // What the old ranks delivered, as runs of positions (a rank's run wraps under pad).
+    std::vector<span> delivered;
+    auto add = [&](unsigned r, std::uint64_t a, std::uint64_t b) {  // rank r's local [a, b)
+        for (std::uint64_t g = std::uint64_t{r} * q + a, end = std::uint64_t{r} * q + b; g < end && n > 0;) {
+            const std::uint64_t at = g % n, take = std::min(end - g, n - at);
+            delivered.push_back({at, at + take});
+            g += take;
+        }
+    };
+    for (unsigned r = 0; r < rs.world; ++r) {
+        const auto& u = undelivered[r];
+        const std::uint64_t upto = std::min(u.from, q);
+        std::uint64_t a = 0;
+        for (auto k : u.keep) {
+            if (k >= upto) break;
+            if (k > a) add(r, a, k);
+            a = std::max(a, k + 1);
+        }
+        if (a < upto) add(r, a, upto);
+    }
+    std::sort(delivered.begin(), delivered.end());
+    // Left: the positions the old ranks took (all under pad; the first rs.world * q under
+    // drop), less what they delivered.
+    const std::uint64_t covered = o.share == share::pad ? n : std::min(n, std::uint64_t{rs.world} * q);
+    std::vector<span> left;
+    std::uint64_t at = 0;
+    for (auto& [a, b] : delivered) {
+        if (a > at) left.push_back({at, std::min(a, covered)});
+        at = std::max(at, b);
+        if (at >= covered) break;
+    }
+    if (at < covered) left.push_back({at, covered});
+    std::erase_if(left, [](const span& s) { return s.first >= s.second; });
+    std::vector<std::uint64_t> before(left.size() + 1, 0);  // positions left before each run
+    for (std::size_t i = 0; i < left.size(); ++i) before[i + 1] = before[i] + (left[i].second - left[i].first);
+    const std::uint64_t m = before.back();
+    const std::uint64_t q2 = o.share == share::pad ? (m + sp.world - 1) / sp.world : m / sp.world;
+    records = q2;
+    // This rank's q2 of them from index rank * q2 (wrapping under pad), run by run, cut at
+    // shard boundaries; a shard's pieces in a row make one item (all but its last run
+    // listed as `extra`: at most the shard's own records).
+    std::vector<shard> out;
+    std::uint64_t index = 0;
+    std::vector<span> pieces;  // of the current shard, in ordinals
+    std::size_t cur = 0;
+    auto flush = [&] {
+        if (pieces.empty()) return;
+        shard s{urls[order[cur]], epoch, index++};
+        s.records = counts[order[cur]];
+        s.first = pieces.back().first;
+        s.end = pieces.back().second;
+        if (pieces.size() > 1) {
+            auto extra = std::make_shared<std::vector<std::uint64_t>>();
+            for (std::size_t i = 0; i + 1 < pieces.size(); ++i)
+                for (auto x = pieces[i].first; x < pieces[i].second; ++x) extra->push_back(x);
+            s.extra = std::move(extra);
+        }
+        out.push_back(std::move(s));
+        pieces.clear();
+    };
+    for (std::uint64_t k = 0, idx = m ? (std::uint64_t{sp.rank} * q2) % m : 0; k < q2;) {
+        auto i = static_cast<std::size_t>(std::upper_bound(before.begin(), before.end(), idx) - before.begin()) - 1;
+        std::uint64_t g = left[i].first + (idx - before[i]);
+        const std::uint64_t run = std::min(q2 - k, left[i].second - g);
+        for (const std::uint64_t g_end = g + run; g < g_end;) {  // cut at shard boundaries
+            const auto p = static_cast<std::size_t>(std::upper_bound(start.begin(), start.end(), g) - start.begin()) - 1;
+            const std::uint64_t lo = g - start[p], hi = std::min(g_end, start[p + 1]) - start[p];
+            if (!pieces.empty() && (p != cur || lo < pieces.back().second)) flush();
+            cur = p;
+            if (!pieces.empty() && pieces.back().second == lo) pieces.back().second = hi;
+            else pieces.push_back({lo, hi});
+            g = start[p] + hi;
+        }
+        k += run;
+        idx = (idx + run) % m;
+    }
+    flush();
     return out;
 }
 
@@ -338,7 +457,14 @@ stage<std::string, shard> plan(plan_options o = {}) {
         if (sp.world == 0 || sp.rank >= sp.world)
             throw error("sluice: plan: rank " + std::to_string(sp.rank) + " is not below world size " +
                         std::to_string(sp.world));
-        st->count = sp.world > 1 && !o.counts && o.share != share::by_shard;
+        // A change of world size (merge_states) in the epoch it resumes into: where the
+        // records left live is worked out from the counts, whatever the new world.
+        auto& rs = s.internal.run->resharded();
+        const bool reshard = rs && s.internal.run->resume() && rs->epoch == s.internal.run->resume()->epoch;
+        if (reshard && o.share == share::by_shard)
+            throw error("sluice: plan: cannot resume into another world size with share::by_shard (whole shards, not "
+                        "equal shares of records): use share::drop or share::pad");
+        st->count = (sp.world > 1 || (reshard && rs->any_delivered())) && !o.counts && o.share != share::by_shard;
         if (st->count) {
             // Setups run last stage first: the reader and decoder after plan made their offers.
             auto b = s.internal.run->slot<detail::counting_board>("counting");
@@ -364,9 +490,18 @@ stage<std::string, shard> plan(plan_options o = {}) {
             st->offered.access_at = b->access_at;
             st->offered.count_at = b->count_at;
         }
-        s.internal.run->note("plan", std::string("seed=") + (o.seed ? std::to_string(*o.seed) : "none") +
-                               " rank=" + std::to_string(sp.rank) + " world=" + std::to_string(sp.world) +
-                               " share=" + std::to_string(int(o.share)));
+        const std::string note = std::string("seed=") + (o.seed ? std::to_string(*o.seed) : "none") +
+                                 " rank=" + std::to_string(sp.rank) + " world=" + std::to_string(sp.world) +
+                                 " share=" + std::to_string(int(o.share));
+        if (reshard && !s.internal.run->saved_note("plan")) {
+            // A merged state: the old ranks' settings less rank and world must be these.
+            if (detail::run_state::without_rank(note) != rs->plan)
+                throw error("sluice: cannot resume: the saved states were made with plan " + rs->plan +
+                            ", this pipeline has plan " + detail::run_state::without_rank(note));
+            s.internal.run->note("plan", note, /*late=*/true);
+        } else {
+            s.internal.run->note("plan", note);
+        }
         // The stages after plan that wait on it (ops/plan_link.hpp): a shuffle without a
         // seed of its own takes this one (and only then knows what to ask for on resume);
         // items that cannot keep epochs apart are refused here when there are several.
@@ -416,9 +551,23 @@ stage<std::string, shard> plan(plan_options o = {}) {
                 e = at->epoch;
                 if (ctx.internal.run->served()) replay = ctx.internal.run->requested();
             }
+            const auto& rs = ctx.internal.run->resharded();
             for (; e < o.epochs; ++e) {
                 std::optional<std::uint64_t> records;
-                auto shards = detail::plan_epoch(urls, have_counts ? &counts : nullptr, o, st.split, e, &records);
+                std::vector<shard> shards;
+                if (rs && rs->epoch == e && rs->any_delivered()) {
+                    const auto undelivered = ctx.internal.run->undelivered();
+                    if (!undelivered)
+                        throw error("sluice: cannot resume into another world size: no shuffle or batch after plan "
+                                    "says what the old ranks delivered");
+                    if (!have_counts)
+                        throw error("sluice: cannot resume into another world size without record counts");
+                    std::uint64_t n = 0;
+                    shards = detail::reshard_epoch(urls, counts, o, st.split, *rs, *undelivered, n);
+                    records = n;
+                } else {
+                    shards = detail::plan_epoch(urls, have_counts ? &counts : nullptr, o, st.split, e, &records);
+                }
                 if (records) ctx.internal.run->set_epoch_records(e, *records);
                 if (replay && replay->epoch == e) shards = detail::replay_part(shards, *replay);
                 for (auto& s : shards) co_await ctx.out.send(std::move(s));

@@ -220,6 +220,24 @@ template <class T>
 void shuffle_plan_resume(const shuffle_options& o, shuffle_state& st, run_state& run) {
     auto at = run.resume();
     if (!at || !has_epoch<T>) return;
+    if (auto& rs = run.resharded(); rs && rs->any_delivered()) {
+        // A change of world size (merge_states): what each old rank's shuffle had sent by
+        // its position, worked out as that rank's own resume would.
+        if (o.max_bytes)
+            throw error("sluice: cannot resume into another world size: a shuffle with max_bytes sends by bytes held, "
+                        "so what the old ranks had delivered cannot be worked out");
+        std::vector<run_state::replay> old;
+        for (std::size_t k = 0; k < rs->positions.size(); ++k) {
+            auto r = replay_shuffle(o, {rs->epoch, rs->positions[k]}, rs->records);
+            if (!r)
+                throw error("sluice: cannot resume into another world size: old rank " + std::to_string(k) +
+                            "'s position " + std::to_string(rs->positions[k]) + " is past its " +
+                            std::to_string(rs->records) + " records of epoch " + std::to_string(rs->epoch));
+            std::sort(r->slots.begin(), r->slots.end());
+            old.push_back({rs->epoch, std::move(r->slots), r->next_in});
+        }
+        run.set_undelivered(std::move(old));
+    }
     std::optional<shuffle_resume> r;
     if (o.max_bytes == 0) r = replay_shuffle(o, *at, run.epoch_records(at->epoch));
     if (!r) {

@@ -193,6 +193,95 @@ TEST_CASE("a replay takes only the positions asked for, across shard boundaries"
     REQUIRE(got == expected);
 }
 
+TEST_CASE("a replay of a shard taking scattered records keeps their order", "[plan]") {
+    sluice::shard t{"s0", 0, 0};
+    t.records = 15;
+    t.first = 9;
+    t.end = 12;
+    t.extra = std::make_shared<const std::vector<std::uint64_t>>(std::vector<std::uint64_t>{1, 4, 5});
+    const std::vector<std::uint64_t> want{1, 4, 5, 9, 10, 11};
+    auto ordinals = [](const std::vector<sluice::shard>& v) {
+        std::vector<std::uint64_t> out;
+        for (auto& [url, i] : taken(v)) out.push_back(i);
+        return out;
+    };
+    REQUIRE(ordinals({t}) == want);
+    // Positions 0..5 are records 1, 4, 5, 9, 10, 11: keep 1 and 3, then all from 4.
+    REQUIRE(ordinals(sluice::detail::replay_part({t}, {0, {1, 3}, 4})) == std::vector<std::uint64_t>{4, 9, 10, 11});
+    // From inside the extra records: the rest of them, then the whole run.
+    REQUIRE(ordinals(sluice::detail::replay_part({t}, {0, {0}, 2})) == std::vector<std::uint64_t>{1, 5, 9, 10, 11});
+    REQUIRE(sluice::detail::replay_part({t}, {0, {}, 6}).empty());
+}
+
+TEST_CASE("a change of world size shares what no old rank delivered equally, once, among the new ranks", "[plan][resume]") {
+    auto counts = uneven_counts(13);
+    std::vector<std::uint64_t> c;
+    for (auto& u : urls(13)) c.push_back(counts->at(u));
+    for (auto share : {sluice::share::drop, sluice::share::pad}) {
+        for (unsigned from : {1u, 3u, 4u}) {
+            for (unsigned to : {1u, 2u, 3u, 5u}) {
+                INFO("share " << int(share) << ", " << from << " -> " << to);
+                const sluice::plan_options o{.seed = 3, .share = share};
+                sluice::detail::run_state::reshard rs{.epoch = 1, .world = from};
+                std::vector<sluice::detail::run_state::replay> undelivered;
+                std::set<std::pair<std::string, std::uint64_t>> delivered, covered;
+                for (unsigned r = 0; r < from; ++r) {
+                    std::optional<std::uint64_t> q;
+                    auto mine = taken(sluice::detail::plan_epoch(urls(13), &c, o, {r, from, ""}, 1, &q));
+                    rs.records = *q;
+                    // Old rank r delivered its first 3 r + 2 positions but those in keep.
+                    const std::uint64_t upto = std::min<std::uint64_t>(3 * r + 2, *q);
+                    std::vector<std::uint64_t> keep;
+                    if (upto > 1) keep.push_back(upto / 2);
+                    for (std::uint64_t k = 0; k < mine.size(); ++k) {
+                        covered.insert(mine[k]);
+                        if (k < upto && std::find(keep.begin(), keep.end(), k) == keep.end()) delivered.insert(mine[k]);
+                    }
+                    rs.positions.push_back(upto - keep.size());
+                    undelivered.push_back({1, keep, upto});
+                }
+                std::multiset<std::pair<std::string, std::uint64_t>> rest;
+                std::set<std::uint64_t> sizes;
+                for (unsigned r = 0; r < to; ++r) {
+                    std::uint64_t n = 0;
+                    const auto items = sluice::detail::reshard_epoch(urls(13), c, o, {r, to, ""}, rs, undelivered, n);
+                    for (auto& s : items) {  // well formed: a run, and sorted extras below it
+                        REQUIRE(s.first < s.end);
+                        REQUIRE(s.end <= s.records);
+                        if (s.extra) {
+                            REQUIRE(std::is_sorted(s.extra->begin(), s.extra->end()));
+                            REQUIRE(std::adjacent_find(s.extra->begin(), s.extra->end()) == s.extra->end());
+                            REQUIRE(s.extra->back() < s.first);
+                        }
+                    }
+                    auto got = taken(items);
+                    REQUIRE(got.size() == n);
+                    sizes.insert(n);
+                    rest.insert(got.begin(), got.end());
+                }
+                REQUIRE(sizes.size() == 1);  // equal steps
+                const std::uint64_t left = covered.size() - delivered.size();
+                std::set<std::pair<std::string, std::uint64_t>> distinct(rest.begin(), rest.end());
+                for (auto& k : distinct) {
+                    REQUIRE(covered.count(k) == 1);
+                    REQUIRE(delivered.count(k) == 0);
+                }
+                if (share == sluice::share::drop) {
+                    REQUIRE(distinct.size() == rest.size());
+                    REQUIRE(left - rest.size() < to);
+                } else {
+                    REQUIRE(distinct.size() == left);
+                    REQUIRE(rest.size() - left < to);
+                }
+            }
+        }
+    }
+    sluice::detail::run_state::reshard wrong{.epoch = 0, .world = 2, .records = 5, .positions = {1, 1}};
+    std::uint64_t n = 0;
+    REQUIRE_THROWS_WITH(sluice::detail::reshard_epoch(urls(13), c, {}, {0, 1, ""}, wrong, {{0, {}, 1}, {0, {}, 1}}, n),
+                        Catch::Contains("the record counts now give"));
+}
+
 TEST_CASE("count_records counts each shard's records, empty shards as 0", "[plan]") {
     auto a = std::make_shared<const sluice::shard>(sluice::shard{"d/a", 0, 0});
     auto b = std::make_shared<const sluice::shard>(sluice::shard{"d/b", 0, 1});
