@@ -46,6 +46,7 @@ class Nodes:
         self.made_ns = []
         self.rate_mbit = rate_mbit
         self.tag = tag
+        self.address = "10.213.255.1"  # the store's, from every node
 
     def make(self):
         for ns in [self.store] + self.nodes:
@@ -67,6 +68,12 @@ class Nodes:
                 sh("tc", "qdisc", "add", "dev", end, "root", "tbf", "rate", "%dmbit" % self.rate_mbit,
                    "burst", "64kb", "latency", "50ms", ns=where)
             self.links.append((s_end, n_end, ns, node_ip, store_ip))
+        # One address for the store that every node reaches over its own link, as a
+        # cluster names its store once: the ranks' URLs (and so the listing their states
+        # hash) are then the same on every node.
+        sh("ip", "addr", "add", self.address + "/32", "dev", "lo", ns=self.store)
+        for _, _, ns, _, store_ip in self.links:
+            sh("ip", "route", "add", self.address + "/32", "via", store_ip, ns=ns)
 
     def rx_bytes(self, i):
         _, n_end, ns, _, _ = self.links[i]
@@ -76,6 +83,12 @@ class Nodes:
         s_end, n_end, ns, _, _ = self.links[i]
         sh("ip", "link", "set", s_end, "down", ns=self.store)
         sh("ip", "link", "set", n_end, "down", ns=ns)
+
+    def restore(self, i):
+        s_end, n_end, ns, _, store_ip = self.links[i]
+        sh("ip", "link", "set", s_end, "up", ns=self.store)
+        sh("ip", "link", "set", n_end, "up", ns=ns)
+        sh("ip", "route", "replace", self.address + "/32", "via", store_ip, ns=ns)  # dropped with the link
 
     def remove(self):
         for ns in reversed(self.made_ns):
@@ -106,26 +119,28 @@ def start_nginx(nodes, root, work):
     raise RuntimeError("nginx did not start in the store namespace: %s" % open(os.path.join(work, "error.log")).read())
 
 
-def run_ranks(args, nodes, shards, work, cut_node=None):
-    """Runs every rank; returns [(node, rank, returncode, json or None, stderr, seconds)] and
-    each node's received bytes and seconds."""
-    world = len(nodes.nodes) * args.ranks
+def run_ranks(args, nodes, shards, work, cut_node=None, on_nodes=None, extra=lambda rank: [], tag=""):
+    """Runs every rank of the nodes `on_nodes` (all by default; the world is theirs), each
+    with `extra(rank)` arguments; returns [(node, rank, returncode, json or None, stderr,
+    seconds, keys file)] and each node's received bytes and seconds."""
+    on_nodes = list(range(len(nodes.nodes))) if on_nodes is None else on_nodes
+    world = len(on_nodes) * args.ranks
     procs = []
     before = [nodes.rx_bytes(i) for i in range(len(nodes.nodes))]
     t0 = time.monotonic()
-    for i, ns in enumerate(nodes.nodes):
-        store_ip = nodes.links[i][4]
-        urls = ["http://%s:8080/%s" % (store_ip, s) for s in shards]
+    for place, i in enumerate(on_nodes):
+        ns = nodes.nodes[i]
+        urls = ["http://%s:8080/%s" % (nodes.address, s) for s in shards]
         for r in range(args.ranks):
-            rank = i * args.ranks + r
-            keys = os.path.join(work, "keys-%d.txt" % rank)
+            rank = place * args.ranks + r
+            keys = os.path.join(work, "keys%s-%d.txt" % (tag, rank))
             # No counts file: the ranks of a node count the records once (ranged reads of the
             # tar headers) and share them through the node's counts directory.
             counts_dir = os.path.join(work, "node-%d-counts" % i)
             cmd = ["ip", "netns", "exec", ns, args.probe, "--json", "--quiet", "--format", "tar", "--rank", str(rank),
                    "--world", str(world), "--counts-dir", counts_dir, "--emit-keys", keys, "--in-flight", "4",
-                   "--stall-seconds", "3", "--retries", "2"] + urls
-            err = open(os.path.join(work, "rank-%d.err" % rank), "w+")
+                   "--stall-seconds", "3", "--retries", "2"] + extra(rank) + urls
+            err = open(os.path.join(work, "rank%s-%d.err" % (tag, rank)), "w+")
             procs.append((i, rank, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True), err, keys))
     if cut_node is not None:
         # Mid-run: once the node has received its first MiB (its ranks are fetching).
@@ -267,10 +282,53 @@ def main():
             if i == cut:
                 if rc == 0:
                     failures.append("rank %d on the cut node reported success" % rank)
-                elif "http://10.213.%d.1:8080/" % cut not in message:
+                elif "http://%s:8080/" % nodes.address not in message:
                     failures.append("rank %d on the cut node failed without naming the URL: %s" % (rank, message))
             elif rc != 0 or not doc or doc.get("records") != share:
                 failures.append("rank %d on a whole node did not finish its share after the cut: %s" % (rank, message))
+
+        # 3. A job restarted on fewer nodes (issue 20, part 4): every rank of the world saves
+        # its state after the same batch, then the ranks of node 0 alone resume from the
+        # states merged: together they deliver what no old rank had, once, in equal steps.
+        nodes.restore(cut)
+        cut = 3  # batches of 16 each old rank takes
+        steady = ["--deterministic", "--seed", "7", "--shuffle", "64", "--batch", "16"]
+        saved = lambda rank: os.path.join(work, "state-%d" % rank)
+        before, _ = run_ranks(args, nodes, shards, work, tag="-before",
+                              extra=lambda rank: steady + ["--stop-after-batches", str(cut), "--save-state", saved(rank)])
+        delivered = {}
+        for i, rank, rc, doc, err, secs, keys in before:
+            if rc != 0:
+                failures.append("rank %d failed before the restart (%d): %s" % (rank, rc, err.strip()[-400:]))
+                continue
+            with open(keys) as f:
+                for k in f.read().split():
+                    delivered[k.split("/")[-1]] = delivered.get(k.split("/")[-1], 0) + 1
+        merged = [a for r in range(world) for a in ("--resume", saved(r))]
+        after, _ = run_ranks(args, nodes, shards, work, on_nodes=[0], tag="-after", extra=lambda rank: steady + merged)
+        rest, takes = {}, set()
+        for i, rank, rc, doc, err, secs, keys in after:
+            if rc != 0 or not doc:
+                failures.append("rank %d failed to resume on the smaller world (%d): %s" % (rank, rc, err.strip()[-400:]))
+                continue
+            takes.add(doc.get("records"))
+            with open(keys) as f:
+                for k in f.read().split():
+                    rest[k.split("/")[-1]] = rest.get(k.split("/")[-1], 0) + 1
+        left = share * world - len(delivered)  # what no old rank had delivered
+        report["restart"] = {"old_world": world, "new_world": args.ranks, "delivered_before": len(delivered),
+                             "delivered_after": sum(rest.values()), "new_rank_records": sorted(t for t in takes if t is not None)}
+        if any(n > 1 for n in delivered.values()) or len(delivered) != world * cut * 16:
+            failures.append("before the restart: %d distinct records delivered, want %d once each"
+                            % (len(delivered), world * cut * 16))
+        if len(takes) != 1:
+            failures.append("the resumed ranks took different numbers of records: %s: unequal steps" % sorted(takes))
+        again = [k for k in rest if k in delivered or rest[k] > 1]
+        if again:
+            failures.append("%d records delivered again after the restart, e.g. %s" % (len(again), again[:3]))
+        if not 0 <= left - sum(rest.values()) < args.ranks:
+            failures.append("after the restart %d records delivered, want the %d left (less fewer than %d)"
+                            % (sum(rest.values()), left, args.ranks))
         if args.json:
             print(json.dumps(report))
         else:
