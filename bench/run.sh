@@ -682,6 +682,10 @@ d = json.load(sys.stdin)
 for n in d["per_node"]:
     print("nodes: node %d received %.1f MB/s on a %d Mbit/s link (%.2f of it); the link carried %.2f x what its ranks delivered"
           % (n["node"], n["MB_per_s"], d["link_mbit"], n["share_of_link"], n["link_bytes_per_delivered"]), file=sys.stderr)
+r = d.get("restart")
+if r:
+    print("nodes: restarted from %d ranks on %d: %d records delivered before, %d after (%s each)"
+          % (r["old_world"], r["new_world"], r["delivered_before"], r["delivered_after"], r["new_rank_records"]), file=sys.stderr)
 for c in d.get("counting", []):
     print("nodes: node %d counted %d shards once (%d MB read for it), its other rank reused them %d times"
           % (c["node"], c["shards_counted"], c["count_bytes"] / 1e6, c["counts_reused"]), file=sys.stderr)'

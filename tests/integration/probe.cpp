@@ -316,10 +316,12 @@ TEST_CASE("sluice-probe --sweep finds the knee at rate x latency behind a server
     CHECK(latency < 0.2);
     CHECK(rate > 100);  // 160 objects/s, less the server's own time
     CHECK(rate < 175);
-    // Little's law from the sweep's own figures: the knee is where rate x latency says.
+    // Little's law from the sweep's own figures: rate x latency gives the server's 8,
+    // whichever of 8 or 16 the 5 % rule recommended (under a sanitizer's load the step
+    // from 8 to 16 can pass 5 %, the estimate stays near 8).
     const double littles = std::stod(*sluice_test::json_field(r.out, "littles_law_in_flight"));
-    CHECK(littles > 0.7 * double(knee));
-    CHECK(littles < 1.3 * double(knee));
+    CHECK(littles > 0.7 * 8);
+    CHECK(littles < 1.3 * 8);
     CHECK(r.err.find("recommended: --in-flight " + std::to_string(knee)) != std::string::npos);
     CHECK(r.err.find("more gives < 5 %") != std::string::npos);
     CHECK(r.err.find("5500 GET/s") != std::string::npos);
