@@ -326,7 +326,8 @@ TEST_CASE("sluice-probe --sweep finds the knee at rate x latency behind a server
     CHECK(littles > 0.7 * 8);
     CHECK(littles < 1.3 * 8);
     CHECK(r.err.find("recommended: --in-flight " + std::to_string(knee)) != std::string::npos);
-    CHECK(r.err.find("more gives < 5 %") != std::string::npos);
+    // Within 5 % of the best, so more gives at most 1 / 0.95 - 1 = 5.3 % (printed "+5 %").
+    CHECK((r.err.find("more gives < 5 %") != std::string::npos || r.err.find("more gives +5 %") != std::string::npos));
     CHECK(r.err.find("5500 GET/s") != std::string::npos);
     // The chart is SVG that an XML parser reads, with one point per in-flight tried.
     auto x = run({"/usr/bin/env", "python3", "-c",
