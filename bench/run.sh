@@ -28,6 +28,7 @@ make_data() {
 make_format() {  # format, extension, extra sluice-gen flags: the same records as make_data's
   local fmt=$1 ext=$2; shift 2
   [ -f "$data/$ext.json" ] && return
+  mkdir -p "$data"
   echo "generating $data/$ext: 64 files of 330 x 100 KiB $fmt records ..." >&2
   "$build/examples/sluice-gen" "$data/$ext" --files 64 --records 330 --record-size 102400 --seed 5 --format "$fmt" "$@" > "$data/$ext.json.tmp"
   mv "$data/$ext.json.tmp" "$data/$ext.json"
