@@ -107,6 +107,9 @@ options:
                          epochs and runs read it from there (shared safely by processes)
   --cache-bytes N        the cache's limit in bytes; least recently used objects go
                          first (default 0: no limit but the disk)
+  --shared-limit DIR     http(s)/s3: share one request limit (AIMD and 503 back-off)
+                         with every process of the node that names DIR (e.g. --cache's);
+                         --in-flight then bounds this process, the node together
   --threads T            CPU pool threads (default: hardware threads)
   --chunk-size BYTES     read size (default 4194304)
   --channel-bytes BYTES  byte budget of each channel (read, gunzip, decode, batch)
@@ -198,6 +201,7 @@ struct options {
     std::uint64_t part_size = 8u << 20;
     bool ordered = false;
     std::string ca_file;
+    std::string shared_limit;
     bool insecure = false;
     sluice::s3_options s3;
     bool crc = true;
@@ -312,6 +316,8 @@ options parse(int argc, char** argv) {
             o.resume.emplace_back(value());
         } else if (a == "--cache") {
             o.cache = value();
+        } else if (a == "--shared-limit") {
+            o.shared_limit = value();
         } else if (a == "--cache-bytes") {
             o.cache_bytes = number<std::uint64_t>(a, value());
         } else if (a == "--threads") {
@@ -699,7 +705,8 @@ int main(int argc, char** argv) {
     auto shards = sluice::list(o.sources, o.s3) | sluice::plan(plan);
     // The transfer stages from the flags; the sweep runs them with its own k, part size,
     // no cache and unordered.
-    auto fetch_with = [&](unsigned k, unsigned min_k, std::uint64_t part, sluice::ordering ord, const std::string& cache) {
+    auto fetch_with = [&](unsigned k, unsigned min_k, std::uint64_t part, sluice::ordering ord, const std::string& cache,
+                          const std::string& shared_limit) {
         return sluice::fetch({.concurrency = k,
                               .min_concurrency = min_k,
                               .order = ord,
@@ -712,19 +719,20 @@ int main(int argc, char** argv) {
                               .insecure = o.insecure,
                               .s3 = o.s3,
                               .cache = {.dir = cache, .max_bytes = o.cache_bytes},
+                              .shared_limit = shared_limit,
                               .out = {16, o.channel_bytes}});
     };
     auto read_with = [&](unsigned k, sluice::ordering ord) {
         return sluice::read({.chunk_size = o.chunk_size, .concurrency = k, .order = ord, .map = o.map,
                              .out = {16, o.channel_bytes}});
     };
-    auto src = http ? shards | fetch_with(o.in_flight, o.min_in_flight, o.part_size, order, o.cache)
+    auto src = http ? shards | fetch_with(o.in_flight, o.min_in_flight, o.part_size, order, o.cache, o.shared_limit)
                     : shards | read_with(o.files_in_flight, order);
     if (o.sweep) {
         // Each point: the sources again and again (plan's epochs) with k in flight.
         const probe_sweep::maker make = [&](unsigned k, std::uint64_t part) {
             auto again = sluice::list(o.sources, o.s3) | sluice::plan({.epochs = 1000000});
-            return http ? again | fetch_with(k, k, part, sluice::ordering::unordered, "")
+            return http ? again | fetch_with(k, k, part, sluice::ordering::unordered, "", "")
                         : again | read_with(k, sluice::ordering::unordered);
         };
         try {

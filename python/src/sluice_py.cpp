@@ -183,6 +183,8 @@ any_source append(sluice::source<T> s, const std::string& name, options& o, buil
             o.get("concurrency", f.concurrency);
             o.get("part_size", f.part_size);
             o.get("retries", f.retries);
+            o.get("min_concurrency", f.min_concurrency);
+            o.get("shared_limit", f.shared_limit);
             order_opt(o, f.order);
             o.done();
             return std::move(s) | sluice::fetch(f);

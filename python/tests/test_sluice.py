@@ -354,6 +354,32 @@ class S3(unittest.TestCase):
         self.assertEqual(remote, label_runs(sluice.Pipeline(images())))
 
 
+class SharedLimit(unittest.TestCase):
+    def test_fetch_shares_its_request_limit_through_a_directory(self):
+        import functools
+        import http.server
+        with tempfile.TemporaryDirectory() as www, tempfile.TemporaryDirectory() as node:
+            for i in range(20):
+                with open(os.path.join(www, "obj-%02d.bin" % i), "wb") as f:
+                    f.write(bytes([i]) * (1000 + i))
+            handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=www)
+            srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+            srv.RequestHandlerClass.log_message = lambda *a: None
+            t = threading.Thread(target=srv.serve_forever, daemon=True)
+            t.start()
+            try:
+                url = "http://127.0.0.1:%d/obj-{00..19}.bin" % srv.server_address[1]
+                chain = (sluice.list(url) | sluice.plan()
+                         | sluice.fetch(concurrency=4, min_concurrency=2, shared_limit=node)
+                         | sluice.raw() | sluice.batch(size=1))
+                sizes = sorted(len(b.record(0)) for b in sluice.Pipeline(chain))
+            finally:
+                srv.shutdown()
+                srv.server_close()
+            self.assertEqual(sizes, [1000 + i for i in range(20)])
+            self.assertTrue(os.path.exists(os.path.join(node, ".sluice-requests")))
+
+
 class ErrorKinds(unittest.TestCase):
     def fetch_all(self, url):
         chain = sluice.list(url) | sluice.plan() | sluice.fetch(retries=0) | sluice.raw() | sluice.batch(size=1)

@@ -11,11 +11,14 @@ purpose, each fault drawn per request from a seeded generator:
   --no-ranges    ignore Range headers (answer 200 with the whole object)
   --max-concurrent N  answer at most N requests at once (others wait their turn, as
                  behind a server with N workers): the rate tops out at N / latency
+  --busy-503 N   answer 503 (SlowDown, at once) to a request that arrives while N are
+                 being answered: with --ttfb-ms, a request rate above N / latency is
+                 throttled, as an object store throttles a prefix
   --flip NAME    the object NAME gets a new version (content and ETag) after its first
                  request has sent half of it
 Names starting with "forbidden" answer 403 (AccessDenied XML). GET /__stats answers
-"requests N concurrent_max M": requests so far, and the most answered at once since the
-last GET /__stats?reset (tests check that a client's requests in flight shrink). It listens on 127.0.0.1 on
+"requests N concurrent_max M throttled T": requests so far, the most answered at once since
+the last GET /__stats?reset, and the 503s sent (tests check that a client's requests in flight shrink). It listens on 127.0.0.1 on
 a free port and prints "port N" on stdout once it accepts connections. Stop it by pid.
 """
 import argparse
@@ -31,7 +34,7 @@ args = None
 lock = threading.Lock()
 rng = None
 flipped = set()
-stats = {"requests": 0, "concurrent": 0, "concurrent_max": 0}
+stats = {"requests": 0, "concurrent": 0, "concurrent_max": 0, "throttled": 0}
 workers = None  # --max-concurrent: a semaphore
 
 
@@ -79,7 +82,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self, head=False):
         if self.path.startswith("/__stats"):
             with lock:
-                body = ("requests %d concurrent_max %d\n" % (stats["requests"], stats["concurrent_max"])).encode()
+                body = ("requests %d concurrent_max %d throttled %d\n"
+                        % (stats["requests"], stats["concurrent_max"], stats["throttled"])).encode()
                 if "reset" in self.path:
                     stats["concurrent_max"] = stats["concurrent"]
             self.send_response(200)
@@ -87,6 +91,14 @@ class Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(body)
             return
+        if args.busy_503:
+            with lock:
+                busy = stats["concurrent"] >= args.busy_503
+                if busy:
+                    stats["requests"] += 1
+                    stats["throttled"] += 1
+            if busy:
+                return self.send_xml(503, "SlowDown", "Please reduce your request rate.")
         if workers:
             workers.acquire()
         with lock:
@@ -111,6 +123,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_xml(404, "NoSuchKey", "The specified key does not exist.")
         r = draw()
         if r < args.p503:
+            with lock:
+                stats["throttled"] += 1
             return self.send_xml(503, "SlowDown", "Please reduce your request rate.")
         r -= args.p503
         data, etag = self.content(name)
@@ -191,6 +205,7 @@ def main():
     p.add_argument("--stall-s", type=float, default=5)
     p.add_argument("--ttfb-ms", type=float, default=0)
     p.add_argument("--flip", default="")
+    p.add_argument("--busy-503", type=int, default=0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--no-ranges", action="store_true")
     p.add_argument("--max-concurrent", type=int, default=0)

@@ -54,6 +54,14 @@ struct fetch_options {
     /// found there is read from local disk, and one that is not is written there as it
     /// streams, so later epochs (and other processes on the node) read it locally.
     cache_options cache = {};
+    /// A directory where the processes of one node share one request limit: the AIMD limit
+    /// above, its halvings and a back-off of `backoff_base / 5` after each halving, so N ranks
+    /// together keep within one limit and answer a 503 storm once (file
+    /// "<dir>/.sluice-requests", io/detail/node_limit.hpp; pass the cache's directory).
+    /// `concurrency` then bounds this process, and the node's limit rises to the largest
+    /// `concurrency` and falls to the smallest `min_concurrency` its processes give.
+    /// Empty: this stage's own limit, as if alone.
+    std::string shared_limit = {};
     /// Capacity of the output channel, in chunks and bytes.
     channel_limits out = {16, 64u << 20};
 };

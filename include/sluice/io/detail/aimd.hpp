@@ -3,6 +3,7 @@
 // does with losses), with permits every request takes.
 
 #include <sluice/core/task.hpp>
+#include <sluice/io/detail/node_limit.hpp>
 
 #include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
@@ -29,6 +30,10 @@ namespace sluice::detail {
 /// ordered stage, the object whose turn it is (later objects may hold every permit while
 /// they wait for their turn). So the requests in flight exceed the limit by at most one
 /// per worker, and only while those cases last.
+/// With a node_limit shared (fetch_options::shared_limit), the limit, the halving and the
+/// back-off are the node's: a permit needs room under this process's ceiling and in the
+/// node's count, and waiters also look again every tick (other processes' releases wake
+/// no one here).
 /// A waiter's timer is touched by its handler, by release() (through a post) and by a
 /// stop (through a post): every waiter must run on one single-threaded executor (fetch's
 /// workers all await permits on the I/O loop).
@@ -45,8 +50,18 @@ class aimd_limit : public std::enable_shared_from_this<aimd_limit> {
 public:
     aimd_limit(unsigned max, unsigned min) : max_(std::max(1u, max)), min_(std::clamp(min, 1u, max_)), limit_(max_) {}
 
+    /// Shares the limit with the other processes of the node (before any permit is taken).
+    void share(std::unique_ptr<node_limit> node) {
+        std::lock_guard lock(m_);
+        node_ = std::move(node);
+    }
+    const node_limit* node() const noexcept { return node_.get(); }
+
     /// How often a waiter asks `go_ahead` (an ordered stage: is it my turn?).
     static constexpr std::chrono::milliseconds tick{20};
+    /// How often the first waiter looks at a shared limit (other processes' releases do
+    /// not wake it): a request at 20 ms of latency frees a permit about this often.
+    static constexpr std::chrono::milliseconds node_tick{2};
 
     struct acquire_op {
         std::shared_ptr<aimd_limit> l;
@@ -114,7 +129,9 @@ public:
         {
             std::lock_guard lock(m_);
             if (active_) --active_;
-            if (throttled && seq >= round_) {
+            if (node_) {
+                node_->release(seq, ok, throttled);
+            } else if (throttled && seq >= round_) {
                 limit_ = std::max<double>(min_, limit_ / 2);
                 round_ = next_seq_;
             } else if (ok) {
@@ -164,10 +181,15 @@ public:
 private:
     // Permits for the first waiters while the limit allows (m_ held); they wake after.
     void grant_waiters(std::vector<std::shared_ptr<wait_state>>& wake) {
-        while (!waiters_.empty() && active_ < allowed()) {
+        while (!waiters_.empty() && active_ < local_cap()) {
             auto w = waiters_.front();
+            if (node_) {
+                if (!node_->try_take(w->seq)) break;
+                ++active_;
+            } else {
+                take_unchecked(w->seq);
+            }
             waiters_.pop_front();
-            take_unchecked(w->seq);
             w->granted = true;
             wake.push_back(std::move(w));
         }
@@ -178,15 +200,26 @@ private:
         for (auto& w : wake) asio::post(w->timer->get_executor(), [w] { w->timer->cancel(); });
     }
     void arm(const std::shared_ptr<wait_state>& w) {
-        w->timer->expires_after(w->go_ahead ? std::chrono::steady_clock::duration(tick) : std::chrono::hours(24));
+        std::chrono::steady_clock::duration d = std::chrono::hours(24);
+        {
+            std::lock_guard lock(m_);
+            if (node_ && !waiters_.empty() && waiters_.front() == w) d = node_tick;  // the next to go
+            else if (w->go_ahead || node_) d = tick;
+        }
+        w->timer->expires_after(d);
         w->timer->async_wait([self = shared_from_this(), w](const std::error_code&) { self->on_tick(w); });
     }
     // The one place a waiter resumes: granted, stopped, allowed to go ahead, or waits on.
     void on_tick(const std::shared_ptr<wait_state>& w) {
         bool resume = false;
+        std::vector<std::shared_ptr<wait_state>> wake;
         {
             std::lock_guard lock(m_);
             if (w->ended) return;
+            if (node_ && !w->granted && !w->stop) {  // room another process freed, or the back-off over
+                grant_waiters(wake);
+                std::erase(wake, w);  // resumes below
+            }
             if (!w->granted && (w->stop || (w->go_ahead && w->go_ahead()))) {
                 std::erase(waiters_, w);
                 if (!w->stop) {
@@ -197,18 +230,30 @@ private:
             resume = w->granted || w->stop;
             w->ended = resume;
         }
+        wake_up(wake);
         if (resume) w->h.resume();
         else arm(w);
     }
-    unsigned allowed() const { return static_cast<unsigned>(std::min<double>(limit_, max_)); }
+    unsigned allowed() const {
+        return node_ ? std::min(node_->allowed(), max_) : static_cast<unsigned>(std::min<double>(limit_, max_));
+    }
+    // This process's own bound: shared, the node's limit is checked by node_->try_take.
+    unsigned local_cap() const { return node_ ? max_ : allowed(); }
     bool take(std::uint64_t* seq) {  // m_ held
-        if (active_ >= allowed() || !waiters_.empty()) return false;  // first come, first served
+        if (active_ >= local_cap() || !waiters_.empty()) return false;  // first come, first served
+        if (node_) {
+            if (!node_->try_take(seq)) return false;
+            ++active_;
+            publish();
+            return true;
+        }
         take_unchecked(seq);
         return true;
     }
     void take_unchecked(std::uint64_t* seq) {
         ++active_;
-        *seq = next_seq_++;
+        if (node_) node_->take_forced(seq);
+        else *seq = next_seq_++;
         publish();
     }
     void publish() {  // m_ held
@@ -222,6 +267,7 @@ private:
     std::uint64_t next_seq_ = 0, round_ = 0;
     std::uint64_t arrivals_ = 0;
     std::deque<std::shared_ptr<wait_state>> waiters_;  // by priority
+    std::unique_ptr<node_limit> node_;  // shared with the node's other processes, if asked
     std::atomic<std::uint64_t>* limit_gauge_ = nullptr;
     std::atomic<std::uint64_t>* active_gauge_ = nullptr;
 };

@@ -213,6 +213,12 @@ inline std::shared_ptr<const s3_config> s3_for(fetch_run& run, const fetch_optio
 inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o, std::vector<knob>* knobs) {
     auto run = std::make_shared<fetch_run>();
     run->limit = std::make_shared<aimd_limit>(o.concurrency, o.min_concurrency);
+    if (!o.shared_limit.empty())
+        // After a halving the node starts nothing for a fifth of backoff_base (20 ms by
+        // default): the requests in flight drain meanwhile. A whole backoff_base (100 ms)
+        // cost 1.8 x the time of 400 small objects behind a throttling server for no fewer
+        // 503s (tests/support/fault_server.py --busy-503 8 --ttfb-ms 20).
+        run->limit->share(std::make_unique<node_limit>(o.shared_limit, o.concurrency, o.min_concurrency, o.backoff_base / 5));
     if (!o.cache.dir.empty()) run->cache = std::make_shared<local_cache>(o.cache);
     if (knobs && o.concurrency > 1) {
         // Requests in flight, between the floor and the workers there are; a request holds
