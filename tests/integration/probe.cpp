@@ -532,3 +532,101 @@ TEST_CASE("sluice-probe --shared-limit: 4 processes of a node behind a throttlin
     CHECK(apart > 2 * together);        // what the sharing saves (measured 605 against 31)
     CHECK(std::filesystem::exists(node / "limit/.sluice-requests"));
 }
+
+namespace {
+std::string fault_stats(const sluice_test::fault_server& s) {
+    auto r = run({"python3", "-c", "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())",
+                  s.url("__stats")});
+    REQUIRE(r.status == 0);
+    return r.out;
+}
+std::uint64_t stat_of(const std::string& stats, const std::string& name) {
+    const auto at = stats.find(name + " ");
+    REQUIRE(at != std::string::npos);
+    return std::stoull(stats.substr(at + name.size() + 1));
+}
+/// Files in the cache directory whose names start with `prefix`.
+std::vector<std::string> cache_files(const std::string& dir, const std::string& prefix) {
+    std::vector<std::string> out;
+    for (auto& e : std::filesystem::directory_iterator(dir))
+        if (e.path().filename().string().starts_with(prefix)) out.push_back(e.path().filename().string());
+    return out;
+}
+}  // namespace
+
+TEST_CASE("sluice-probe --cache: 4 processes sharing a cache fetch each object from the server once", "[probe][http][node]") {
+    dataset d({"--files", "24", "--records", "1", "--record-size", "1500000", "--format", "raw", "--seed", "31"});
+    sluice_test::fault_server server(d.dir.path().string(), {"--ttfb-ms", "20"});
+    sluice_test::temp_dir cache, logs;
+    std::vector<std::unique_ptr<sluice_test::child>> procs;
+    for (int q = 0; q < 4; ++q) {
+        std::vector<std::string> argv{SLUICE_PROBE, "--json", "--quiet", "--format", "raw", "--in-flight", "8",
+                                      "--cache", cache / "c", server.url("shard-{000000..000023}.bin")};
+        procs.push_back(std::make_unique<sluice_test::child>(argv, logs / ("out" + std::to_string(q)),
+                                                             logs / ("err" + std::to_string(q))));
+    }
+    std::uint64_t coalesced = 0;
+    for (int q = 0; q < 4; ++q) {
+        const int status = procs[q]->wait();
+        const auto out = sluice_test::slurp_file(logs / ("out" + std::to_string(q)));
+        INFO(sluice_test::slurp_file(logs / ("err" + std::to_string(q))) << out);
+        REQUIRE(status == 0);
+        REQUIRE(json_u64(out, "records") == 24);  // every object, whole, in each process
+        REQUIRE(json_u64(out, "crc_sum") == json_u64(d.summary, "crc_sum"));
+        coalesced += json_u64(out, "cache_coalesced");
+    }
+    const auto stats = fault_stats(server);
+    INFO(stats);
+    CHECK(stat_of(stats, "requests") == 24);  // one request each (objects below the part size)
+    CHECK(coalesced + 24 <= 4 * 24);          // the rest were hits or waits for another's download
+    CHECK(coalesced > 0);                     // started together: some waited for another's download
+    CHECK(cache_files(cache / "c", ".tmp-").empty());  // no partial file or lock left behind
+    CHECK(cache_files(cache / "c", "").size() == 24 + 1);  // the copies and the cache's .lock
+}
+
+TEST_CASE("sluice-probe --cache: a downloader killed mid-object leaves no copy, and the next takes over its partial file",
+          "[probe][http][node]") {
+    // One object of 24 MB; the server's first answer sends half of it and stalls.
+    dataset d({"--files", "1", "--records", "1", "--record-size", "24000000", "--format", "raw", "--seed", "37"});
+    const auto size = json_u64(d.summary, "payload_bytes");
+    sluice_test::fault_server server(d.dir.path().string(), {"--stall-first", "1", "--stall-s", "60"});
+    sluice_test::temp_dir cache, logs;
+    const std::string dir = cache / "c";
+    const std::vector<std::string> argv{SLUICE_PROBE, "--json", "--quiet", "--format", "raw", "--part-size", "100000000",
+                                        "--cache", dir, server.url("shard-000000.bin")};
+    sluice_test::child first(argv, logs / "out0", logs / "err0");
+    // Wait until it has written what it can of the half the server sent: whole chunks of
+    // 1 MiB (the rest waits in memory for a chunk to fill, and dies with it).
+    std::uint64_t written = 0;
+    for (int i = 0; i < 3000 && written < size / 2 - (1u << 20); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        if (std::filesystem::exists(dir))
+            for (auto& name : cache_files(dir, ".tmp-part-")) written = std::filesystem::file_size(dir + "/" + name);
+    }
+    REQUIRE(written == (size / 2) / (1u << 20) * (1u << 20));
+    // A second process asks meanwhile: it waits for the first's download.
+    sluice_test::child second(argv, logs / "out1", logs / "err1");
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ::kill(first.pid(), SIGKILL);
+    CHECK(first.wait() == 128 + SIGKILL);
+    // Nothing the dead downloader left is taken for a copy: only temporary files.
+    for (auto& name : cache_files(dir, "")) CHECK((name.starts_with(".tmp-") || name == ".lock"));
+    const int status = second.wait();
+    const auto out = sluice_test::slurp_file(logs / "out1");
+    INFO(sluice_test::slurp_file(logs / "err1") << out);
+    REQUIRE(status == 0);
+    CHECK(json_u64(out, "records") == 1);
+    CHECK(json_u64(out, "crc_sum") == json_u64(d.summary, "crc_sum"));  // whole and right
+    const auto stats = fault_stats(server);
+    INFO(stats);
+    CHECK(stat_of(stats, "requests") == 2);
+    // The second asked only for what the first had not written (from its last byte).
+    CHECK(stat_of(stats, "sent") == size / 2 + (size - written + 1));
+    CHECK(cache_files(dir, ".tmp-").empty());
+    // A third process reads the copy: no request.
+    auto third = run(argv);
+    CHECK(third.status == 0);
+    CHECK(json_u64(third.out, "crc_sum") == json_u64(d.summary, "crc_sum"));
+    CHECK(json_u64(third.out, "cache_hits") == 1);
+    CHECK(stat_of(fault_stats(server), "requests") == 2);
+}

@@ -14,11 +14,13 @@ purpose, each fault drawn per request from a seeded generator:
   --busy-503 N   answer 503 (SlowDown, at once) to a request that arrives while N are
                  being answered: with --ttfb-ms, a request rate above N / latency is
                  throttled, as an object store throttles a prefix
+  --stall-first N  the first N answers with a body send half of it, then stall for
+                 --stall-s seconds (a download to interrupt at a known point)
   --flip NAME    the object NAME gets a new version (content and ETag) after its first
                  request has sent half of it
 Names starting with "forbidden" answer 403 (AccessDenied XML). GET /__stats answers
-"requests N concurrent_max M throttled T": requests so far, the most answered at once since
-the last GET /__stats?reset, and the 503s sent (tests check that a client's requests in flight shrink). It listens on 127.0.0.1 on
+"requests N concurrent_max M throttled T sent B": requests so far, the most answered at once
+since the last GET /__stats?reset, the 503s sent, and the bytes of bodies sent (tests check that a client's requests in flight shrink). It listens on 127.0.0.1 on
 a free port and prints "port N" on stdout once it accepts connections. Stop it by pid.
 """
 import argparse
@@ -34,7 +36,7 @@ args = None
 lock = threading.Lock()
 rng = None
 flipped = set()
-stats = {"requests": 0, "concurrent": 0, "concurrent_max": 0, "throttled": 0}
+stats = {"requests": 0, "concurrent": 0, "concurrent_max": 0, "throttled": 0, "sent": 0, "bodies": 0}
 workers = None  # --max-concurrent: a semaphore
 
 
@@ -82,8 +84,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self, head=False):
         if self.path.startswith("/__stats"):
             with lock:
-                body = ("requests %d concurrent_max %d throttled %d\n"
-                        % (stats["requests"], stats["concurrent_max"], stats["throttled"])).encode()
+                body = ("requests %d concurrent_max %d throttled %d sent %d\n"
+                        % (stats["requests"], stats["concurrent_max"], stats["throttled"], stats["sent"])).encode()
                 if "reset" in self.path:
                     stats["concurrent_max"] = stats["concurrent"]
             self.send_response(200)
@@ -156,17 +158,23 @@ class Handler(BaseHTTPRequestHandler):
         if head:
             return
         half = len(body) // 2
+        with lock:
+            stats["bodies"] += 1
+            stall_first = stats["bodies"] <= args.stall_first
+        if stall_first:
+            self.send_counted(body[:half])
+            time.sleep(args.stall_s)
+            self.close_connection = True
+            return
         if args.flip and name == args.flip and name not in flipped:
-            self.wfile.write(body[:half])
-            self.wfile.flush()
+            self.send_counted(body[:half])
             with lock:
                 flipped.add(name)
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
             return
         if r < args.preset:
-            self.wfile.write(body[:half])
-            self.wfile.flush()
+            self.send_counted(body[:half])
             # RST instead of FIN: linger 0, then close.
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
             self.close_connection = True
@@ -174,19 +182,23 @@ class Handler(BaseHTTPRequestHandler):
             return
         r -= args.preset
         if r < args.ptrunc:
-            self.wfile.write(body[:half])
-            self.wfile.flush()
+            self.send_counted(body[:half])
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
             return
         r -= args.ptrunc
         if r < args.pstall:
-            self.wfile.write(body[:half])
-            self.wfile.flush()
+            self.send_counted(body[:half])
             time.sleep(args.stall_s)
             self.close_connection = True
             return
-        self.wfile.write(body)
+        self.send_counted(body)
+
+    def send_counted(self, data):
+        self.wfile.write(data)
+        self.wfile.flush()
+        with lock:
+            stats["sent"] += len(data)
 
 
 class Server(ThreadingHTTPServer):
@@ -206,6 +218,7 @@ def main():
     p.add_argument("--ttfb-ms", type=float, default=0)
     p.add_argument("--flip", default="")
     p.add_argument("--busy-503", type=int, default=0)
+    p.add_argument("--stall-first", type=int, default=0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--no-ranges", action="store_true")
     p.add_argument("--max-concurrent", type=int, default=0)

@@ -35,6 +35,18 @@
 //  - A write that fails (a full disk, a quota) abandons that object's copy with a warning;
 //    the object is still delivered from its source, whole and once, and nothing partial is
 //    ever renamed into place.
+//  - One fetch per object per node: the first worker (of any process sharing the
+//    directory) to miss an object takes an exclusive flock() on "<dir>/.tmp-lock-<name>"
+//    and downloads into "<dir>/.tmp-part-<name>"; the others that miss it meanwhile wait
+//    for the lock and then read the copy it committed. The download never waits for its
+//    own consumer (it goes to the file at the network's pace; the downloader then reads
+//    the copy as a hit does), so ranks that wait on each other (an all-reduce) cannot
+//    hold each other's objects back. The kernel releases the flock when the downloader
+//    dies, even by SIGKILL; the next to miss takes the lock and goes on from the partial
+//    file's length (Range + If-Match on the ETag the lock file records), if the lock file
+//    says it was written since this boot (a partial file that lived through a power loss
+//    may hold pages that never reached the disk: started afresh). A partial file is never
+//    served: only a committed copy, renamed into place with its trailer, is.
 //  - Objects are keyed by URL only: the cache assumes objects do not change under the same
 //    URL (datasets are written once). Clear the directory after rewriting one.
 
@@ -168,6 +180,58 @@ public:
         return h;
     }
 
+    /// The right to download one object into the cache for the node: the lock file, held
+    /// (flock) until the copy is committed or abandoned.
+    struct claim {
+        int lock_fd = -1;
+        std::string lock_path, part_path;
+        claim() = default;
+        claim(claim&& o) noexcept
+            : lock_fd(std::exchange(o.lock_fd, -1)), lock_path(std::move(o.lock_path)), part_path(std::move(o.part_path)) {}
+        claim& operator=(claim&&) = delete;
+        ~claim() {
+            if (lock_fd >= 0) ::close(lock_fd);  // releases the flock
+        }
+    };
+    enum class claim_result { claimed, busy, unavailable };
+    /// Tries to become the one that downloads `url`: `claimed` (`out` holds the lock),
+    /// `busy` (another worker of the node downloads it now), or `unavailable` (the lock
+    /// file cannot be made: a full disk, a read-only directory; fetch without a copy).
+    claim_result try_claim(const std::string& url, claim& out) {
+        const std::string final = path_for(url);
+        const std::string name = final.substr(final.find_last_of('/') + 1);
+        out.lock_path = o_.dir + "/.tmp-lock-" + name;
+        out.part_path = o_.dir + "/.tmp-part-" + name;
+        for (int tries = 0; tries < 100; ++tries) {
+            const int fd = ::open(out.lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+            if (fd < 0) return claim_result::unavailable;
+            if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+                const bool busy = errno == EWOULDBLOCK;
+                ::close(fd);
+                return busy ? claim_result::busy : claim_result::unavailable;
+            }
+            // Held, but is it still the file of that name? A downloader that finished
+            // unlinks it before letting go: then try again with the new one.
+            struct stat held {}, named {};
+            if (::fstat(fd, &held) == 0 && ::stat(out.lock_path.c_str(), &named) == 0 && held.st_ino == named.st_ino &&
+                held.st_dev == named.st_dev) {
+                out.lock_fd = fd;
+                return claim_result::claimed;
+            }
+            ::close(fd);
+        }
+        return claim_result::busy;
+    }
+    /// Bytes written so far into the partial copy of `url` (another worker's download);
+    /// nothing when there is none.
+    std::optional<std::uint64_t> part_bytes(const std::string& url) const {
+        const std::string final = path_for(url);
+        const std::string part = o_.dir + "/.tmp-part-" + final.substr(final.find_last_of('/') + 1);
+        struct stat st {};
+        if (::stat(part.c_str(), &st) != 0) return std::nullopt;
+        return static_cast<std::uint64_t>(st.st_size);
+    }
+
     void warn(const std::string& what) {
         if (o_.on_warning) return o_.on_warning(what);
         if (!warned_.exchange(true)) std::cerr << what << " (later failures are counted as cache_write_failures)\n";
@@ -176,6 +240,28 @@ public:
     /// Writes one object's copy as its chunks arrive; commit() puts it in place.
     class writer {
     public:
+        /// The download of `url` that `cl` (a claim) allows: into the node's partial file,
+        /// going on from where a downloader that died left it (resume_from(), version()).
+        writer(local_cache& c, std::string url, claim cl) : c_(c), url_(std::move(url)), claim_(std::move(cl)) {
+            tmp_ = claim_.part_path;
+            fd_ = ::open(tmp_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+            if (fd_ < 0) {
+                fail(errno, 0);
+                return;
+            }
+            // The lock file says which version the partial file holds, and since which boot.
+            char b[512];
+            const ssize_t n = ::pread(claim_.lock_fd, b, sizeof b - 1, 0);
+            std::string said(b, n > 0 ? static_cast<std::size_t>(n) : 0);
+            const std::string head = std::string(part_magic) + " " + boot_id() + " ";
+            struct stat st {};
+            if (said.starts_with(head) && said.ends_with('\n') && ::fstat(fd_, &st) == 0 && st.st_size > 0) {
+                version_ = said.substr(head.size(), said.size() - head.size() - 1);
+                resume_from_ = static_cast<std::uint64_t>(st.st_size);
+            } else if (::ftruncate(fd_, 0) != 0) {
+                fail(errno, 0);
+            }
+        }
         writer(local_cache& c, std::string url) : c_(c), url_(std::move(url)) {
             std::random_device rd;
             char name[64];
@@ -186,12 +272,31 @@ public:
         }
         ~writer() {
             if (fd_ >= 0) ::close(fd_);
+            if (read_fd_ >= 0) ::close(read_fd_);
             if (!committed_) ::unlink(tmp_.c_str());
+            if (claim_.lock_fd >= 0) ::unlink(claim_.lock_path.c_str());  // then the claim lets go
         }
         writer(const writer&) = delete;
         writer& operator=(const writer&) = delete;
 
         bool failed() const noexcept { return failed_; }
+        /// Taking over a partial copy: the bytes it holds, and the version (ETag) they are
+        /// of (empty: the server gave none). 0: from the start.
+        std::uint64_t resume_from() const noexcept { return resume_from_; }
+        const std::string& version() const noexcept { return version_; }
+        /// Records the version being written (the ETag of the first answer), so that a
+        /// process taking over after this one dies asks for the same.
+        void set_version(const std::string& etag) {
+            if (claim_.lock_fd < 0 || failed_ || version_set_) return;
+            version_set_ = true;
+            const std::string line = std::string(part_magic) + " " + boot_id() + " " + etag + "\n";
+            if (::pwrite(claim_.lock_fd, line.data(), line.size(), 0) != static_cast<ssize_t>(line.size()) ||
+                ::ftruncate(claim_.lock_fd, static_cast<off_t>(line.size())) != 0)
+                fail(errno ? errno : ENOSPC, 0);
+        }
+        /// After commit(), whatever it returned: the whole object, open for reading (the
+        /// caller owns it), unless a write failed; -1 then.
+        int take_read_fd() noexcept { return std::exchange(read_fd_, -1); }
 
         /// The bytes at `offset` of the object (chunks arrive in order; a resumed transfer
         /// may write a range again, which pwrite makes harmless).
@@ -210,6 +315,7 @@ public:
         /// Returns whether the copy is now in the cache.
         bool commit(std::uint64_t size) {
             if (failed_) return false;
+            read_fd_ = ::open(tmp_.c_str(), O_RDONLY | O_CLOEXEC);  // all of it is written
             if (c_.o_.max_bytes && size + trailer_size > c_.o_.max_bytes) return false;  // would never fit
             unsigned char t[trailer_size];
             std::memcpy(t, magic, sizeof magic);
@@ -243,12 +349,33 @@ public:
                     "' is read from its source and not cached");
         }
 
+        static constexpr const char* part_magic = "sluice-part1";
+        /// This boot's id: a partial file from an earlier boot may have lost pages.
+        static const std::string& boot_id() {
+            static const std::string id = [] {
+                std::string s;
+                if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+                    char b[64] = {};
+                    if (std::fgets(b, sizeof b, f)) s = b;
+                    std::fclose(f);
+                }
+                while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+                return s.empty() ? std::string("unknown-boot") : s;
+            }();
+            return id;
+        }
+
         local_cache& c_;
         std::string url_;
+        claim claim_;  // declared before fd_: the lock lets go last
         std::string tmp_;
         int fd_ = -1;
+        int read_fd_ = -1;
         bool failed_ = false;
         bool committed_ = false;
+        bool version_set_ = false;
+        std::uint64_t resume_from_ = 0;
+        std::string version_;
     };
 
     std::atomic<std::uint64_t> failures{0};
@@ -413,7 +540,7 @@ private:
                 if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
                 if (name.starts_with(".tmp-")) {
                     const auto age = now - std::chrono::system_clock::time_point(std::chrono::seconds(st.st_mtim.tv_sec));
-                    if (name != keep && age > o_.stale_after) ::unlink(path.c_str());
+                    if (name != keep && age > o_.stale_after) remove_stale(name);
                     continue;  // another writer's object in progress: counted when committed
                 }
                 const auto bytes = static_cast<std::uint64_t>(st.st_size);
@@ -433,6 +560,27 @@ private:
         }
         last_scan_ = std::chrono::steady_clock::now();
         scans.fetch_add(1, std::memory_order_relaxed);
+    }
+
+    /// A stale temporary file. A partial copy and its lock file go only when no one holds
+    /// the lock (a download may outlast stale_after; its partial file is still touched, its
+    /// lock file is not).
+    void remove_stale(const std::string& name) {
+        for (const char* kind : {".tmp-part-", ".tmp-lock-"}) {
+            if (!name.starts_with(kind)) continue;
+            const std::string rest = name.substr(std::strlen(kind));
+            const std::string lock = o_.dir + "/.tmp-lock-" + rest;
+            const int fd = ::open(lock.c_str(), O_RDWR | O_CLOEXEC);
+            if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+                ::close(fd);
+                return;  // being downloaded
+            }
+            ::unlink((o_.dir + "/.tmp-part-" + rest).c_str());
+            ::unlink(lock.c_str());
+            if (fd >= 0) ::close(fd);
+            return;
+        }
+        ::unlink((o_.dir + "/" + name).c_str());
     }
 
     /// Removes a copy that failed its trailer check, unless another copy replaced it.

@@ -154,6 +154,13 @@ struct fetch_state {
     }
 };
 
+/// The copy being written failed (a full disk): the object is fetched again, delivered as
+/// it streams, with no copy. Nothing of it was delivered before.
+struct fetch_without_copy {};
+
+/// How often a worker waiting for another's download of the same object looks at it.
+inline constexpr std::chrono::milliseconds coalesce_poll{10};
+
 struct fetch_run {
     std::shared_ptr<aimd_limit> limit;
     std::atomic<std::uint64_t> throttled{0};  // 503s and 429s, for the tuner
@@ -415,6 +422,10 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
     auto& cache_failures = cache_counter("cache_write_failures");
     auto& cache_evictions = cache_counter("cache_evictions");
     auto& cache_skipped = cache_counter("cache_too_large");
+    // Objects read from a copy another worker of the node was downloading when asked for
+    // (one fetch per object per node), and waits given up on a download that stopped growing.
+    auto& cache_coalesced = cache_counter("cache_coalesced");
+    auto& cache_gave_up = cache_counter("cache_waits_given_up");
     auto lim = run.limit;
     lim->watch(&limit_gauge, &ctx.stats.counter("in_flight"));
     // A stop reaches this worker's transfers, backoff and permit wait on the I/O loop.
@@ -449,27 +460,73 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                 // the CPU pool: the I/O loop drives every transfer of the process and only
                 // waits for readiness. sluice::switch_to moves the coroutine's wake-ups too.
                 co_await sluice::switch_to{ctx.rt.executor_for(pool::cpu)};
-                if (auto hit = cache->find(src->url)) {
-                    {
+                // One fetch per object per node (io/cache.hpp): a hit is read; a miss is
+                // downloaded by whoever claims it first, and the others wait for its copy.
+                bool waited = false, served = false;
+                std::optional<std::uint64_t> seen;  // the partial copy's length when last looked
+                auto seen_since = std::chrono::steady_clock::now();
+                for (;;) {
+                    auto hit = cache->find(src->url);
+                    local_cache::claim cl;
+                    auto claimed = local_cache::claim_result::unavailable;
+                    if (!hit) {
+                        claimed = cache->try_claim(src->url, cl);
+                        if (claimed == local_cache::claim_result::claimed) hit = cache->find(src->url);  // committed just now
+                    }
+                    if (hit) {
                         fd_guard fd(hit->fd);
-                        cache_hits.fetch_add(1, std::memory_order_relaxed);
+                        (waited ? cache_coalesced : cache_hits).fetch_add(1, std::memory_order_relaxed);
                         turn_gate gate(ctx.turn, ticket);
                         co_await read_file(ctx, src, hit->path, fd, cache->options().chunk_size, cache->options().map,
                                            gate, hit->size);
                         my_turn = true;
                         gate.done();
+                        served = true;
+                        break;
+                    }
+                    if (claimed == local_cache::claim_result::claimed) {
+                        cache_misses.fetch_add(1, std::memory_order_relaxed);
+                        copy = std::make_unique<local_cache::writer>(*cache, src->url, std::move(cl));
+                        break;
+                    }
+                    if (claimed == local_cache::claim_result::unavailable) {  // no lock file: no copy
+                        cache_misses.fetch_add(1, std::memory_order_relaxed);
+                        break;
+                    }
+                    // Another worker of the node downloads it: wait while its partial copy
+                    // grows. One that stops growing for `stall` (a stopped process) is left
+                    // to it, and the object fetched here without a copy.
+                    waited = true;
+                    const auto now = std::chrono::steady_clock::now();
+                    if (const auto len = cache->part_bytes(src->url); len != seen) {
+                        seen = len;
+                        seen_since = now;
+                    } else if (now - seen_since > o.stall) {
+                        cache_misses.fetch_add(1, std::memory_order_relaxed);
+                        cache_gave_up.fetch_add(1, std::memory_order_relaxed);
+                        break;
                     }
                     co_await sluice::switch_to{ctx.rt.executor_for(pool::io)};
-                    continue;
+                    stop_point();
+                    sleep_for pause{coalesce_poll, hooks.get(), {}};
+                    co_await pause;
+                    stop_point();
+                    co_await sluice::switch_to{ctx.rt.executor_for(pool::cpu)};
                 }
-                cache_misses.fetch_add(1, std::memory_order_relaxed);
-                copy = std::make_unique<local_cache::writer>(*cache, src->url);
                 co_await sluice::switch_to{ctx.rt.executor_for(pool::io)};
+                if (served) continue;
             }
-            std::uint64_t offset = 0;  // of the next byte to deliver
+            bool from_copy = false;  // delivered from the copy just made
+            for (bool direct_again = true; direct_again;) {
+            direct_again = false;
+            try {
+            // Taking over a partial copy a dead downloader left: from its last byte (asked
+            // again, so that the range is never empty), the same version only.
+            const std::uint64_t start = copy && copy->resume_from() ? copy->resume_from() - 1 : 0;
+            std::uint64_t offset = start;  // of the next byte to deliver (or, to a copy, to write)
             std::uint64_t total = http_request::npos;
-            std::uint64_t next_from = part_size;  // of the next part to start
-            std::string etag;                     // strong ETags only: If-Match compares strongly
+            std::uint64_t next_from = start + part_size;  // of the next part to start
+            std::string etag = start ? copy->version() : std::string();  // strong ETags only: If-Match compares strongly
             std::deque<http_part> parts;
             // Abandons the transfers still open if the worker unwinds (the pipeline stopped).
             struct abandon {
@@ -517,9 +574,10 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
             after_wait(first_permit, first_seq);
             // The first request asks for one part: its answer gives the object's size, and
             // the other parts then download in parallel, `parts_in_flight` at a time.
-            parts.push_back(http_part{0, o.parallel_parts ? part_size - 1 : http_request::npos, {}, first_permit, first_seq});
+            parts.push_back(http_part{start, o.parallel_parts ? start + part_size - 1 : http_request::npos, {}, first_permit,
+                                      first_seq});
             const auto where = fs.locate(src->url);
-            fs.start(parts.front(), where, "");
+            fs.start(parts.front(), where, etag);
             std::uint64_t seq = 0;
             auto more_parts = [&] { return total != http_request::npos && next_from < total; };
             auto add_part = [&](bool permit) {
@@ -582,11 +640,22 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                                                          " to a request for bytes from " + std::to_string(p.from) + " of", {},
                                            offset);
                     chunk c{src, offset, std::move(*data), false, false};
-                    if (copy && !copy->failed()) {  // pwrite on the CPU pool, not the I/O loop
+                    if (copy) {
+                        // To the copy only (pwrite on the CPU pool, not the I/O loop): this
+                        // download never waits for a consumer, so workers of other ranks
+                        // waiting for the copy are never held by this rank's pace. It is
+                        // delivered from the copy once whole.
                         co_await sluice::switch_to{ctx.rt.executor_for(pool::cpu)};
+                        copy->set_version(etag);
                         copy->write(c.data.span(), offset);
                         co_await sluice::switch_to{ctx.rt.executor_for(pool::io)};
                         stop_point();
+                        if (copy->failed()) throw fetch_without_copy{};
+                        offset += c.data.size();
+                        eng->resume(p.t);
+                        if (refresh_due()) co_await refresh();
+                        refill();
+                        continue;
                     }
                     offset += c.data.size();
                     if (!my_turn) {
@@ -690,24 +759,41 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                                                  " bytes arrived)", {}, offset);
             if (copy) {
                 // Flushing to disk and evicting block: on the CPU pool, not the I/O loop
-                // every transfer of the process shares.
+                // every transfer of the process shares. Then the object is read from its
+                // copy, as a hit is (even one too large to keep, or that could not be put
+                // in place: its bytes are all written).
                 co_await sluice::switch_to{ctx.rt.executor_for(pool::cpu)};
                 const bool placed = copy->commit(offset);
-                co_await sluice::switch_to{ctx.rt.executor_for(pool::io)};
                 if (!placed && !copy->failed()) cache_skipped.fetch_add(1, std::memory_order_relaxed);
                 cache_failures.store(cache->failures.load(std::memory_order_relaxed), std::memory_order_relaxed);
                 cache_evictions.store(cache->evictions.load(std::memory_order_relaxed), std::memory_order_relaxed);
-                copy.reset();
+                fd_guard fd(copy->take_read_fd());
+                copy.reset();  // the other workers of the node may read it now
+                if (fd.get() < 0) throw fetch_without_copy{};
+                turn_gate gate(ctx.turn, ticket);
+                co_await read_file(ctx, src, cache->path_for(src->url), fd, cache->options().chunk_size,
+                                   cache->options().map, gate, offset);
+                my_turn = true;
+                gate.done();
+                co_await sluice::switch_to{ctx.rt.executor_for(pool::io)};
+                from_copy = true;
             }
             run.bytes_done.fetch_add(offset, std::memory_order_relaxed);
             run.objects_done.fetch_add(1, std::memory_order_relaxed);
-            chunk last{src, offset, {}, true, false};
-            if (!my_turn) {
-                co_await ctx.turn->wait(ticket);
-                my_turn = true;
+            if (!from_copy) {
+                chunk last{src, offset, {}, true, false};
+                if (!my_turn) {
+                    co_await ctx.turn->wait(ticket);
+                    my_turn = true;
+                }
+                co_await ctx.out.send(std::move(last));
+                if (ctx.turn) ctx.turn->done(ticket);
             }
-            co_await ctx.out.send(std::move(last));
-            if (ctx.turn) ctx.turn->done(ticket);
+            } catch (const fetch_without_copy&) {
+                direct_again = true;  // nothing of it was delivered yet: again, without a copy
+                copy.reset();
+            }
+            }
         } catch (...) {
             failed = std::current_exception();
         }
