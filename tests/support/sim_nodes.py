@@ -137,9 +137,12 @@ def run_ranks(args, nodes, shards, work, cut_node=None, on_nodes=None, extra=lam
             # No counts file: the ranks of a node count the records once (ranged reads of the
             # tar headers) and share them through the node's counts directory.
             counts_dir = os.path.join(work, "node-%d-counts" % i)
+            # The node's ranks share a cache (each object fetched once per node) and one
+            # request limit; a cache per run, so that every run goes over the links.
+            cache = os.path.join(work, "node-%d-cache%s" % (i, tag))
             cmd = ["ip", "netns", "exec", ns, args.probe, "--json", "--quiet", "--format", "tar", "--rank", str(rank),
                    "--world", str(world), "--counts-dir", counts_dir, "--emit-keys", keys, "--in-flight", "4",
-                   "--stall-seconds", "3", "--retries", "2"] + extra(rank) + urls
+                   "--stall-seconds", "3", "--retries", "2", "--cache", cache, "--shared-limit", cache] + extra(rank) + urls
             err = open(os.path.join(work, "rank%s-%d.err" % (tag, rank)), "w+")
             procs.append((i, rank, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True), err, keys))
     if cut_node is not None:
@@ -223,6 +226,7 @@ def main():
         # 1. The whole run.
         ranks, per_node = run_ranks(args, nodes, shards, work)
         seen = {}
+        node_shards = [set() for _ in range(args.nodes)]
         report = {"nodes": args.nodes, "ranks_per_node": args.ranks, "link_mbit": args.rate_mbit, "records": total,
                   "share": share, "per_node": [], "ranks": []}
         for i, rank, rc, doc, err, secs, keys in ranks:
@@ -237,6 +241,7 @@ def main():
                 for k in f.read().split():
                     key = k.split("/")[-1]
                     seen[key] = seen.get(key, 0) + 1
+                    node_shards[i].add(key.split("#")[0])
         # Counts without a file: one rank per node counted each shard, the others reused its file.
         for i in range(args.nodes):
             plans = [stage for n, _, _, d, _, _, _ in ranks if n == i and d for stage in d.get("stages", [])
@@ -250,6 +255,18 @@ def main():
             elif counted != len(shards) or reused != (args.ranks - 1) * len(shards):
                 failures.append("node %d: its ranks counted %d shards and reused %d; want each of the %d counted once"
                                 % (i, counted, reused, len(shards)))
+        # One fetch per object per node: of the shards a node's ranks read, each was
+        # downloaded by one of them; the others read its copy.
+        for i in range(args.nodes):
+            fetches = [stage for n, _, _, d, _, _, _ in ranks if n == i and d for stage in d.get("stages", [])
+                       if stage.get("name") == "fetch"]
+            misses = sum(f.get("cache_misses", 0) for f in fetches)
+            shared = sum(f.get("cache_coalesced", 0) + f.get("cache_hits", 0) for f in fetches)
+            report.setdefault("fetching", []).append({"node": i, "shards_read": len(node_shards[i]), "downloads": misses,
+                                                      "read_from_the_node_copy": shared})
+            if misses != len(node_shards[i]):
+                failures.append("node %d: its ranks downloaded %d objects for the %d shards they read: not once each"
+                                % (i, misses, len(node_shards[i])))
         repeated = [k for k, n in seen.items() if n > 1]
         if repeated:
             failures.append("%d records delivered more than once, e.g. %s" % (len(repeated), repeated[:3]))
@@ -258,8 +275,8 @@ def main():
         link = args.rate_mbit * 1e6 / 8
         for i, (b, s) in enumerate(per_node):
             rate = b / s if s > 0 else 0
-            # What the node's ranks delivered, beside what crossed its link: ranks of one
-            # node fetch the shards their shares have in common once each (no coalescing yet).
+            # What the node's ranks delivered, beside what crossed its link: each shard
+            # its ranks read crosses it once, and counting reads a part of each.
             data = sum(d.get("payload_bytes", 0) for n, _, _, d, _, _, _ in ranks if n == i and d)
             report["per_node"].append({"node": i, "link_bytes": b, "delivered_bytes": data, "seconds": round(s, 2),
                                        "MB_per_s": round(rate / 1e6, 2), "share_of_link": round(rate / link, 3),
@@ -273,7 +290,7 @@ def main():
             if f.startswith("keys-"):
                 os.remove(os.path.join(work, f))
         cut = args.nodes - 1
-        ranks, _ = run_ranks(args, nodes, shards, work, cut_node=cut)
+        ranks, _ = run_ranks(args, nodes, shards, work, cut_node=cut, tag="-cut")
         report["cut"] = {"node": cut, "ranks": []}
         for i, rank, rc, doc, err, secs, keys in ranks:
             message = (doc or {}).get("error", "") or err.strip()[-300:]

@@ -189,8 +189,10 @@ public:
         claim(claim&& o) noexcept
             : lock_fd(std::exchange(o.lock_fd, -1)), lock_path(std::move(o.lock_path)), part_path(std::move(o.part_path)) {}
         claim& operator=(claim&&) = delete;
-        ~claim() {
-            if (lock_fd >= 0) ::close(lock_fd);  // releases the flock
+        ~claim() {  // done with (committed, abandoned, or found a copy): the lock file goes, then the lock
+            if (lock_fd < 0) return;
+            ::unlink(lock_path.c_str());  // before letting go: no one may lock a file that then vanishes
+            ::close(lock_fd);
         }
     };
     enum class claim_result { claimed, busy, unavailable };
@@ -198,6 +200,11 @@ public:
     /// `busy` (another worker of the node downloads it now), or `unavailable` (the lock
     /// file cannot be made: a full disk, a read-only directory; fetch without a copy).
     claim_result try_claim(const std::string& url, claim& out) {
+        // For a while after a copy could not be written (a full disk), objects are fetched
+        // without one: a download into a copy that fails is fetched again from the start.
+        if (const auto at = failed_at_ns_.load(std::memory_order_relaxed);
+            at && steady_ns() - at < std::int64_t(10'000'000'000))
+            return claim_result::unavailable;
         const std::string final = path_for(url);
         const std::string name = final.substr(final.find_last_of('/') + 1);
         out.lock_path = o_.dir + "/.tmp-lock-" + name;
@@ -274,8 +281,7 @@ public:
             if (fd_ >= 0) ::close(fd_);
             if (read_fd_ >= 0) ::close(read_fd_);
             if (!committed_) ::unlink(tmp_.c_str());
-            if (claim_.lock_fd >= 0) ::unlink(claim_.lock_path.c_str());  // then the claim lets go
-        }
+        }  // then claim_ removes its lock file and lets go
         writer(const writer&) = delete;
         writer& operator=(const writer&) = delete;
 
@@ -344,6 +350,7 @@ public:
             fd_ = -1;
             ::unlink(tmp_.c_str());
             c_.failures.fetch_add(1, std::memory_order_relaxed);
+            c_.failed_at_ns_.store(steady_ns(), std::memory_order_relaxed);
             c_.warn("sluice: cache: cannot write '" + tmp_ + "' at byte " + std::to_string(at) + ": " +
                     std::error_code(err, std::generic_category()).message() + "; '" + source_error::redact(url_) +
                     "' is read from its source and not cached");
@@ -482,6 +489,9 @@ private:
     static std::int64_t ns_of(const struct timespec& t) noexcept {
         return std::int64_t(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
     }
+    static std::int64_t steady_ns() noexcept {
+        return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    }
     static std::int64_t now_ns() noexcept {  // not before the file times the kernel gives
         struct timespec t {};
         ::clock_gettime(CLOCK_REALTIME, &t);
@@ -609,6 +619,7 @@ private:
     std::set<std::pair<std::int64_t, std::string>> by_time_;
     std::int64_t scan_started_ns_ = 0;  // wall clock, as file times are
     std::atomic<bool> warned_{false};
+    std::atomic<std::int64_t> failed_at_ns_{0};  // steady clock: the last copy that failed
 };
 
 }  // namespace detail

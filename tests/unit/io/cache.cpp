@@ -242,3 +242,141 @@ TEST_CASE("hits and placements on different threads share the index", "[cache]")
         if (!e.path().filename().string().starts_with(".")) bytes += e.file_size();
     REQUIRE(bytes <= 8 * each);
 }
+
+TEST_CASE("one download per object: the first claim holds it, others are told it is busy, a commit lets go",
+          "[cache][node]") {
+    sluice_test::temp_dir d;
+    using lc = sluice::detail::local_cache;
+    lc a({.dir = d / "c"}), b({.dir = d / "c"});  // two processes' views of one directory
+    lc::claim ca, cb;
+    REQUIRE(a.try_claim("http://h/x.bin", ca) == lc::claim_result::claimed);
+    REQUIRE(b.try_claim("http://h/x.bin", cb) == lc::claim_result::busy);
+    {
+        lc::claim cy;
+        REQUIRE(b.try_claim("http://h/y.bin", cy) == lc::claim_result::claimed);  // another object: free
+    }  // let go unused: its lock file goes too
+    {
+        lc::writer w(a, "http://h/x.bin", std::move(ca));
+        CHECK(w.resume_from() == 0);
+        w.set_version("\"v1\"");
+        w.write(as_bytes("0123456789"), 0);
+        CHECK(b.part_bytes("http://h/x.bin") == 10u);  // the others see it grow
+        lc::claim again;
+        CHECK(b.try_claim("http://h/x.bin", again) == lc::claim_result::busy);
+        REQUIRE(w.commit(10));
+        const int fd = w.take_read_fd();  // the whole object, to deliver from
+        REQUIRE(fd >= 0);
+        char buf[16] = {};
+        CHECK(::pread(fd, buf, 10, 0) == 10);
+        CHECK(std::string(buf, 10) == "0123456789");
+        ::close(fd);
+    }
+    auto h = b.find("http://h/x.bin");
+    REQUIRE(h);
+    CHECK(read_copy(*h) == "0123456789");
+    int temps = 0;
+    for (auto& e : std::filesystem::directory_iterator(d / "c")) temps += e.path().filename().string().starts_with(".tmp-");
+    CHECK(temps == 0);  // no lock file or partial copy left
+    lc::claim later;
+    CHECK(b.try_claim("http://h/x.bin", later) == lc::claim_result::claimed);  // free again (the caller looks for the copy)
+}
+
+TEST_CASE("a downloader that dies leaves a partial copy the next claim goes on from, this boot only", "[cache][node]") {
+    sluice_test::temp_dir d;
+    using lc = sluice::detail::local_cache;
+    const std::string url = "http://h/big.bin";
+    auto die_while_writing = [&](const std::string& etag, const std::string& bytes) {
+        const pid_t pid = ::fork();
+        if (pid == 0) {
+            lc c({.dir = d / "c"});
+            lc::claim cl;
+            if (c.try_claim(url, cl) != lc::claim_result::claimed) ::_exit(1);
+            auto* w = new lc::writer(c, url, std::move(cl));  // never destroyed: as if killed
+            w->set_version(etag);
+            w->write(as_bytes(bytes), 0);
+            ::_exit(0);
+        }
+        int st = 0;
+        REQUIRE(::waitpid(pid, &st, 0) == pid);
+        REQUIRE(WIFEXITED(st));
+        REQUIRE(WEXITSTATUS(st) == 0);
+    };
+    die_while_writing("\"e1\"", "first half");
+    lc c({.dir = d / "c"});
+    CHECK_FALSE(c.find(url));  // never taken for a copy
+    {
+        lc::claim cl;
+        REQUIRE(c.try_claim(url, cl) == lc::claim_result::claimed);  // the kernel let the dead one's lock go
+        lc::writer w(c, url, std::move(cl));
+        CHECK(w.resume_from() == 10);
+        CHECK(w.version() == "\"e1\"");
+        w.write(as_bytes(", second"), 10);
+        REQUIRE(w.commit(18));
+        ::close(w.take_read_fd());
+    }
+    auto h = c.find(url);
+    REQUIRE(h);
+    CHECK(read_copy(*h) == "first half, second");
+    // A partial copy whose lock file names another boot (pages may never have reached the
+    // disk before a power loss) is started afresh.
+    const std::string other = "http://h/other.bin";
+    {
+        const pid_t pid = ::fork();
+        if (pid == 0) {
+            lc cc({.dir = d / "c"});
+            lc::claim cl;
+            if (cc.try_claim(other, cl) != lc::claim_result::claimed) ::_exit(1);
+            auto* w = new lc::writer(cc, other, std::move(cl));
+            w->set_version("\"e2\"");
+            w->write(as_bytes("stale bytes"), 0);
+            ::_exit(0);
+        }
+        REQUIRE(::waitpid(pid, nullptr, 0) == pid);
+    }
+    for (auto& e : std::filesystem::directory_iterator(d / "c")) {
+        const auto name = e.path().filename().string();
+        if (name.starts_with(".tmp-lock-") && name.ends_with("other.bin"))
+            std::ofstream(e.path(), std::ios::trunc) << "sluice-part1 00000000-0000-0000-0000-000000000000 \"e2\"\n";
+    }
+    lc::claim cl;
+    REQUIRE(c.try_claim(other, cl) == lc::claim_result::claimed);
+    lc::writer w(c, other, std::move(cl));
+    CHECK(w.resume_from() == 0);
+    CHECK(c.part_bytes(other) == 0u);  // truncated
+}
+
+TEST_CASE("stale partial copies go only when no one holds their lock", "[cache][node]") {
+    sluice_test::temp_dir d;
+    using lc = sluice::detail::local_cache;
+    lc c({.dir = d / "c", .max_bytes = 1u << 20, .stale_after = std::chrono::seconds(60)});
+    const pid_t pid = ::fork();
+    if (pid == 0) {  // a downloader that dies: its lock file and partial copy stay, unheld
+        lc cc({.dir = d / "c"});
+        lc::claim cl;
+        if (cc.try_claim("http://h/dead.bin", cl) != lc::claim_result::claimed) ::_exit(1);
+        auto* w = new lc::writer(cc, "http://h/dead.bin", std::move(cl));
+        w->write(as_bytes("dead"), 0);
+        ::_exit(0);
+    }
+    REQUIRE(::waitpid(pid, nullptr, 0) == pid);
+    lc::claim held;  // a live download, longer than stale_after
+    REQUIRE(c.try_claim("http://h/live.bin", held) == lc::claim_result::claimed);
+    lc::writer live(c, "http://h/live.bin", std::move(held));
+    live.write(as_bytes("live"), 0);
+    auto temps = [&](const std::string& object) {
+        int n = 0;
+        for (auto& e : std::filesystem::directory_iterator(d / "c")) {
+            const auto name = e.path().filename().string();
+            n += name.starts_with(".tmp-") && name.ends_with(object);
+        }
+        return n;
+    };
+    REQUIRE(temps("dead.bin") == 2);
+    REQUIRE(temps("live.bin") == 2);
+    const auto then = std::filesystem::file_time_type::clock::now() - std::chrono::hours(2);
+    for (auto& e : std::filesystem::directory_iterator(d / "c"))
+        if (e.path().filename().string().starts_with(".tmp-")) std::filesystem::last_write_time(e.path(), then);
+    REQUIRE(put(c, "http://h/a", "x"));  // a placement scans: stale temporary files go
+    CHECK(temps("dead.bin") == 0);
+    CHECK(temps("live.bin") == 2);  // its lock is held: kept
+}

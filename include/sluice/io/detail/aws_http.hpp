@@ -92,6 +92,7 @@ struct blocking_request {
     std::string ca_file = {};
     long timeout_ms = 60000;
     long connect_timeout_ms = 0;  // 0: curl's
+    long stall_seconds = 0;       // no byte for this long fails it (0: only timeout_ms)
     bool no_proxy = false;        // link-local and loopback credential endpoints
     bool verify_tls = true;
     long max_redirects = 0;  // redirects followed (0: none)
@@ -118,6 +119,8 @@ inline void blocking_call(const blocking_request& q, s3_reply& r, CURL* reuse = 
     curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, q.timeout_ms);
     if (q.connect_timeout_ms) curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, q.connect_timeout_ms);
+    curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, q.stall_seconds > 0 ? 1L : 0L);  // reset on a reused handle too
+    curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, q.stall_seconds > 0 ? q.stall_seconds : 0L);
     if (q.no_proxy) curl_easy_setopt(e, CURLOPT_NOPROXY, "*");
     if (!q.ca_file.empty()) curl_easy_setopt(e, CURLOPT_CAINFO, q.ca_file.c_str());
     if (q.max_redirects > 0) {

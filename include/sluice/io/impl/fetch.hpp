@@ -362,6 +362,7 @@ private:
             q.max_redirects = o_.max_redirects;
             q.connect_timeout_ms = static_cast<long>(o_.connect_timeout.count());
             q.timeout_ms = std::max<long>(60000, static_cast<long>(o_.stall.count()) * 1000);
+            q.stall_seconds = static_cast<long>(o_.stall.count());  // a link cut mid-request: as fetch's transfers
             q.stop = stop_;
             blocking_call(q, r, e_);
             if (stop_.stop_requested()) throw stopped{};
@@ -792,6 +793,7 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
             } catch (const fetch_without_copy&) {
                 direct_again = true;  // nothing of it was delivered yet: again, without a copy
                 copy.reset();
+                cache_failures.store(cache->failures.load(std::memory_order_relaxed), std::memory_order_relaxed);
             }
             }
         } catch (...) {
