@@ -671,8 +671,9 @@ open(sys.argv[1] + "/sizes", "w").write("%d\n" % sum(sizes))' "$www/w"
     # Issue 20: simulated nodes (tests/support/sim_nodes.py): a store namespace with nginx,
     # 2 node namespaces of 2 ranks each, every node's link limited to 1 Gbit/s by tbf;
     # each node's download rate beside its link's rate, and what the link carried beside
-    # what the node's ranks delivered (ranks of one node do not share fetches yet; the link
-    # also carries the tar headers one rank of each node reads to count the records).
+    # what the node's ranks delivered (the ranks of a node share a cache, so each shard
+    # they read crosses the link once; the link also carries the tar headers one rank of
+    # each node reads to count the records).
     o=$(/usr/bin/python3 tests/support/sim_nodes.py --probe "$probe" --gen "$build/examples/sluice-gen" --json \
           --rate-mbit 1000 --shards 32 --records 256 --record-size 65536) || rc=$?
     if [ "${rc:-0}" = 77 ]; then echo "nodes: skipped (network namespaces cannot be made here)" >&2; continue; fi
@@ -687,6 +688,9 @@ r = d.get("restart")
 if r:
     print("nodes: restarted from %d ranks on %d: %d records delivered before, %d after (%s each)"
           % (r["old_world"], r["new_world"], r["delivered_before"], r["delivered_after"], r["new_rank_records"]), file=sys.stderr)
+for f in d.get("fetching", []):
+    print("nodes: node %d downloaded %d objects for the %d shards its ranks read (%d reads of the node copy)"
+          % (f["node"], f["downloads"], f["shards_read"], f["read_from_the_node_copy"]), file=sys.stderr)
 for c in d.get("counting", []):
     print("nodes: node %d counted %d shards once (%d MB read for it), its other rank reused them %d times"
           % (c["node"], c["shards_counted"], c["count_bytes"] / 1e6, c["counts_reused"]), file=sys.stderr)'

@@ -362,9 +362,10 @@ class SharedLimit(unittest.TestCase):
             for i in range(20):
                 with open(os.path.join(www, "obj-%02d.bin" % i), "wb") as f:
                     f.write(bytes([i]) * (1000 + i))
-            handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=www)
-            srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-            srv.RequestHandlerClass.log_message = lambda *a: None
+            class Quiet(http.server.SimpleHTTPRequestHandler):
+                def log_message(self, *a):
+                    pass
+            srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=www))
             t = threading.Thread(target=srv.serve_forever, daemon=True)
             t.start()
             try:

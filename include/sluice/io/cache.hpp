@@ -37,8 +37,8 @@
 //    ever renamed into place.
 //  - One fetch per object per node: the first worker (of any process sharing the
 //    directory) to miss an object takes an exclusive flock() on "<dir>/.tmp-lock-<name>"
-//    and downloads into "<dir>/.tmp-part-<name>"; the others that miss it meanwhile wait
-//    for the lock and then read the copy it committed. The download never waits for its
+//    and downloads into "<dir>/.tmp-part-<name>"; the others that miss it meanwhile look
+//    again every few milliseconds until the copy is committed, and read it. The download never waits for its
 //    own consumer (it goes to the file at the network's pace; the downloader then reads
 //    the copy as a hit does), so ranks that wait on each other (an all-reduce) cannot
 //    hold each other's objects back. The kernel releases the flock when the downloader
@@ -265,6 +265,18 @@ public:
             if (said.starts_with(head) && said.ends_with('\n') && ::fstat(fd_, &st) == 0 && st.st_size > 0) {
                 version_ = said.substr(head.size(), said.size() - head.size() - 1);
                 resume_from_ = static_cast<std::uint64_t>(st.st_size);
+                // Killed inside commit(), after the trailer: the object is whole; drop the
+                // trailer (commit writes it again) and go on from its last byte.
+                unsigned char t[trailer_size];
+                std::uint64_t size = 0;
+                if (resume_from_ >= trailer_size &&
+                    ::pread(fd_, t, trailer_size, static_cast<off_t>(resume_from_ - trailer_size)) ==
+                        static_cast<ssize_t>(trailer_size) &&
+                    std::memcmp(t, magic, sizeof magic) == 0) {
+                    for (int i = 7; i >= 0; --i) size = (size << 8) | t[8 + i];
+                    if (size + trailer_size == resume_from_ && ::ftruncate(fd_, static_cast<off_t>(size)) == 0)
+                        resume_from_ = size;
+                }
             } else if (::ftruncate(fd_, 0) != 0) {
                 fail(errno, 0);
             }
@@ -312,7 +324,7 @@ public:
             while (done < data.size()) {
                 const ssize_t n = ::pwrite(fd_, data.data() + done, data.size() - done, static_cast<off_t>(offset + done));
                 if (n < 0 && errno == EINTR) continue;
-                if (n <= 0) return fail(n < 0 ? errno : ENOSPC, offset + done);
+                if (n <= 0) return fail(n < 0 ? errno : ENOSPC, offset + done);  // 0: nothing written, full
                 done += static_cast<std::size_t>(n);
             }
         }

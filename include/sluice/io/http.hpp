@@ -51,8 +51,9 @@ struct fetch_options {
     /// are signed (SigV4) unless `s3.anonymous`; everything above applies to them too.
     s3_options s3 = {};
     /// A local cache of what is fetched (io/cache.hpp): with `cache.dir` set, an object
-    /// found there is read from local disk, and one that is not is written there as it
-    /// streams, so later epochs (and other processes on the node) read it locally.
+    /// found there is read from local disk, and one that is not is downloaded there once
+    /// for the node (other workers and processes sharing the directory wait for it) and
+    /// then read from there, so later epochs and other ranks read it locally.
     cache_options cache = {};
     /// A directory where the processes of one node share one request limit: the AIMD limit
     /// above, its halvings and a back-off of `backoff_base / 5` after each halving, so N ranks

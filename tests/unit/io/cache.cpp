@@ -4,6 +4,7 @@
 
 #include <sys/wait.h>
 
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -343,6 +344,40 @@ TEST_CASE("a downloader that dies leaves a partial copy the next claim goes on f
     lc::writer w(c, other, std::move(cl));
     CHECK(w.resume_from() == 0);
     CHECK(c.part_bytes(other) == 0u);  // truncated
+}
+
+TEST_CASE("a downloader killed inside its commit, after the trailer, is taken over as a whole object", "[cache][node]") {
+    sluice_test::temp_dir d;
+    using lc = sluice::detail::local_cache;
+    const std::string url = "http://h/whole.bin";
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+        lc c({.dir = d / "c"});
+        lc::claim cl;
+        if (c.try_claim(url, cl) != lc::claim_result::claimed) ::_exit(1);
+        auto* w = new lc::writer(c, url, std::move(cl));
+        w->set_version("\"e3\"");
+        w->write(as_bytes("all twelve b"), 0);
+        unsigned char t[lc::trailer_size];  // the trailer commit() writes before flushing and renaming
+        std::memcpy(t, lc::magic, sizeof lc::magic);
+        for (int i = 0; i < 8; ++i) t[8 + i] = static_cast<unsigned char>(12u >> (8 * i));
+        w->write({reinterpret_cast<const std::byte*>(t), sizeof t}, 12);
+        ::_exit(0);
+    }
+    REQUIRE(::waitpid(pid, nullptr, 0) == pid);
+    lc c({.dir = d / "c"});
+    CHECK_FALSE(c.find(url));
+    lc::claim cl;
+    REQUIRE(c.try_claim(url, cl) == lc::claim_result::claimed);
+    lc::writer w(c, url, std::move(cl));
+    CHECK(w.resume_from() == 12);  // the object, without its trailer: fetch asks from byte 11
+    CHECK(c.part_bytes(url) == 12u);
+    w.write(as_bytes("b"), 11);
+    REQUIRE(w.commit(12));
+    ::close(w.take_read_fd());
+    auto h = c.find(url);
+    REQUIRE(h);
+    CHECK(read_copy(*h) == "all twelve b");
 }
 
 TEST_CASE("stale partial copies go only when no one holds their lock", "[cache][node]") {

@@ -61,17 +61,19 @@ public:
         }
         struct unlock {
             int fd;
-            ~unlock() { ::flock(fd, LOCK_UN); }
+            ~unlock() { ::flock(fd, LOCK_UN); }  // a no-op on a closed descriptor's error paths (unlocked there)
         } unlock_at_end{fd_};
         struct stat st {};
         if (::fstat(fd_, &st) != 0 || (st.st_size < static_cast<off_t>(file_size) && ::ftruncate(fd_, file_size) != 0)) {
             const int err = errno;
+            ::flock(fd_, LOCK_UN);  // before the descriptor's number can be reused
             ::close(fd_);
             throw source_error(path_, "cannot size the shared request limit", {err, std::generic_category()});
         }
         void* p = ::mmap(nullptr, file_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
         if (p == MAP_FAILED) {
             const int err = errno;
+            ::flock(fd_, LOCK_UN);
             ::close(fd_);
             throw source_error(path_, "cannot map the shared request limit", {err, std::generic_category()});
         }
@@ -110,6 +112,7 @@ public:
         }
         if (!slot_) {
             ::munmap(s_, file_size);
+            ::flock(fd_, LOCK_UN);
             ::close(fd_);
             throw source_error(path_, "cannot share the request limit: " + std::to_string(slot_count) +
                                           " processes already use");
@@ -155,8 +158,8 @@ public:
     /// requests started before the last halving) and holds every process back for
     /// `quiet`; a success adds 1/limit.
     void release(std::uint64_t seq, bool ok, bool throttled) {
+        drop(1);  // the node's count first: a crash between over-frees (reclaim drops the slot's), never leaks
         drop_slot();
-        drop(1);
         if (throttled) {
             s_->throttled.fetch_add(1);
             for (auto r = s_->round.load(); seq >= r;) {
@@ -254,7 +257,7 @@ private:
     shared* s_ = nullptr;
     slot* slot_ = nullptr;
     std::int64_t quiet_ns_;
-    std::int64_t last_reclaim_ns_ = 0;
+    std::int64_t last_reclaim_ns_ = 0;  // only under aimd_limit's mutex (every call is)
     bool fresh_ = false;
 };
 

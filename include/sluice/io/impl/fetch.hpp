@@ -474,6 +474,9 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                         claimed = cache->try_claim(src->url, cl);
                         if (claimed == local_cache::claim_result::claimed) hit = cache->find(src->url);  // committed just now
                     }
+                    if (hit && cl.lock_fd >= 0) {
+                        local_cache::claim done(std::move(cl));  // let go before reading: no one waits on it
+                    }
                     if (hit) {
                         fd_guard fd(hit->fd);
                         (waited ? cache_coalesced : cache_hits).fetch_add(1, std::memory_order_relaxed);
@@ -495,14 +498,15 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                         break;
                     }
                     // Another worker of the node downloads it: wait while its partial copy
-                    // grows. One that stops growing for `stall` (a stopped process) is left
+                    // grows. One that stops growing for twice `stall` (a stopped process;
+                    // a download waiting for a permit or a retry starts within that) is left
                     // to it, and the object fetched here without a copy.
                     waited = true;
                     const auto now = std::chrono::steady_clock::now();
                     if (const auto len = cache->part_bytes(src->url); len != seen) {
                         seen = len;
                         seen_since = now;
-                    } else if (now - seen_since > o.stall) {
+                    } else if (now - seen_since > 2 * o.stall) {
                         cache_misses.fetch_add(1, std::memory_order_relaxed);
                         cache_gave_up.fetch_add(1, std::memory_order_relaxed);
                         break;
@@ -640,6 +644,13 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                         throw source_error(src->url, "the server answered bytes from " + std::to_string(t.range_start) +
                                                          " to a request for bytes from " + std::to_string(p.from) + " of", {},
                                            offset);
+                    if (copy && start == 0 && offset == 0 && total != http_request::npos && cache->options().max_bytes &&
+                        total + local_cache::trailer_size > cache->options().max_bytes) {
+                        // It would never fit: streamed as if there were no cache (the lock
+                        // goes with the copy, and the workers waiting for it fetch it too).
+                        copy.reset();
+                        cache_skipped.fetch_add(1, std::memory_order_relaxed);
+                    }
                     chunk c{src, offset, std::move(*data), false, false};
                     if (copy) {
                         // To the copy only (pwrite on the CPU pool, not the I/O loop): this
@@ -702,6 +713,10 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                     if (attempt >= retry.retries)
                         throw source_error(src->url, "cannot fetch (the body ended early, " + std::to_string(attempt + 1) +
                                                          " attempts)", {}, offset);
+                } else if (start && t.result == CURLE_OK && (t.status == 412 || t.status == 416)) {
+                    // Taking over a partial copy that is of another version, or ends where
+                    // the object now ends: from the start, without a copy.
+                    throw fetch_without_copy{};
                 } else if (t.result == CURLE_OK && t.status == 412 && !etag.empty()) {
                     throw source_error(src->url, "object changed while downloading (If-Match " + etag + " failed) from",
                                        {}, offset);
