@@ -142,7 +142,8 @@ def run_ranks(args, nodes, shards, work, cut_node=None, on_nodes=None, extra=lam
             cache = os.path.join(work, "node-%d-cache%s" % (i, tag))
             cmd = ["ip", "netns", "exec", ns, args.probe, "--json", "--quiet", "--format", "tar", "--rank", str(rank),
                    "--world", str(world), "--counts-dir", counts_dir, "--emit-keys", keys, "--in-flight", "4",
-                   "--stall-seconds", "3", "--retries", "2", "--cache", cache, "--shared-limit", cache] + extra(rank) + urls
+                   "--stall-seconds", "3", "--retries", "2"] + ([] if args.no_cache else
+                   ["--cache", cache, "--shared-limit", cache]) + extra(rank) + urls
             err = open(os.path.join(work, "rank%s-%d.err" % (tag, rank)), "w+")
             procs.append((i, rank, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True), err, keys))
     if cut_node is not None:
@@ -196,6 +197,7 @@ def main():
     ap.add_argument("--record-size", type=int, default=16384)
     ap.add_argument("--timeout", type=int, default=120)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-cache", action="store_true", help="each rank fetches alone (for the bench's comparison)")
     args = ap.parse_args()
 
     if os.getuid() != 0 or not shutil.which("ip") or not shutil.which("tc") or not shutil.which("nginx"):
@@ -257,7 +259,7 @@ def main():
                                 % (i, counted, reused, len(shards)))
         # One fetch per object per node: of the shards a node's ranks read, each was
         # downloaded by one of them; the others read its copy.
-        for i in range(args.nodes):
+        for i in range(0 if args.no_cache else args.nodes):
             fetches = [stage for n, _, _, d, _, _, _ in ranks if n == i and d for stage in d.get("stages", [])
                        if stage.get("name") == "fetch"]
             misses = sum(f.get("cache_misses", 0) for f in fetches)
