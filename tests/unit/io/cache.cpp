@@ -286,13 +286,13 @@ TEST_CASE("a downloader that dies leaves a partial copy the next claim goes on f
     sluice_test::temp_dir d;
     using lc = sluice::detail::local_cache;
     const std::string url = "http://h/big.bin";
-    auto die_while_writing = [&](const std::string& etag, const std::string& bytes) {
+    auto die_while_writing = [&](const std::string& u, const std::string& etag, const std::string& bytes) {
         const pid_t pid = ::fork();
         if (pid == 0) {
             lc c({.dir = d / "c"});
             lc::claim cl;
-            if (c.try_claim(url, cl) != lc::claim_result::claimed) ::_exit(1);
-            auto* w = new lc::writer(c, url, std::move(cl));  // never destroyed: as if killed
+            if (c.try_claim(u, cl) != lc::claim_result::claimed) ::_exit(1);
+            auto* w = new lc::writer(c, u, std::move(cl));  // never destroyed: as if killed
             w->set_version(etag);
             w->write(as_bytes(bytes), 0);
             ::_exit(0);
@@ -302,7 +302,7 @@ TEST_CASE("a downloader that dies leaves a partial copy the next claim goes on f
         REQUIRE(WIFEXITED(st));
         REQUIRE(WEXITSTATUS(st) == 0);
     };
-    die_while_writing("\"e1\"", "first half");
+    die_while_writing(url, "\"e1\"", "first half");
     lc c({.dir = d / "c"});
     CHECK_FALSE(c.find(url));  // never taken for a copy
     {
@@ -321,19 +321,7 @@ TEST_CASE("a downloader that dies leaves a partial copy the next claim goes on f
     // A partial copy whose lock file names another boot (pages may never have reached the
     // disk before a power loss) is started afresh.
     const std::string other = "http://h/other.bin";
-    {
-        const pid_t pid = ::fork();
-        if (pid == 0) {
-            lc cc({.dir = d / "c"});
-            lc::claim cl;
-            if (cc.try_claim(other, cl) != lc::claim_result::claimed) ::_exit(1);
-            auto* w = new lc::writer(cc, other, std::move(cl));
-            w->set_version("\"e2\"");
-            w->write(as_bytes("stale bytes"), 0);
-            ::_exit(0);
-        }
-        REQUIRE(::waitpid(pid, nullptr, 0) == pid);
-    }
+    die_while_writing(other, "\"e2\"", "stale bytes");
     for (auto& e : std::filesystem::directory_iterator(d / "c")) {
         const auto name = e.path().filename().string();
         if (name.starts_with(".tmp-lock-") && name.ends_with("other.bin"))
