@@ -429,8 +429,12 @@ TEST_CASE("sluice-probe --memory caps what the tuner may spend on requests in fl
     INFO(s.err << s.out);
     REQUIRE(s.status == 0);
     const auto [k2, settled2] = tuned_in_flight(s.out);
-    CHECK(k2 >= 16);  // past the worst case's 4: small objects hold little
+    // Past the worst case's 4: small objects hold little. How far past is the rate's to
+    // say (16 or more on a quiet machine; a loaded sanitizer build stopped at 8 in CI), so
+    // what is checked is that the budget did not stop it.
+    CHECK(k2 > 4);
     CHECK(settled2);
+    CHECK(s.err.find("settled: at the memory budget's share") == std::string::npos);
 }
 
 TEST_CASE("sluice-probe --memory divides one budget among the channels, and peak RSS stays within it plus 64 MiB", "[probe][memory]") {

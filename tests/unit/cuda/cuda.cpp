@@ -19,6 +19,8 @@ TEST_CASE("the CUDA engine (built without the CUDA toolkit)", "[cuda]") {
 
 #include <chrono>
 #include <cstring>
+#include <string>
+#include <thread>
 
 namespace {
 bool have_gpu() {
@@ -118,6 +120,101 @@ TEST_CASE("[gpu] batches reach device memory byte for byte, in pinned staging me
     }
     REQUIRE(n == 10);
     cudaStreamDestroy(s);
+}
+
+namespace {
+void CUDART_CB hold_stream(void* ms) { std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<int*>(ms))); }
+std::vector<sluice::record> uneven_records(std::size_t n) {
+    auto s = std::make_shared<const sluice::shard>(sluice::shard{"mem", 0, 0});
+    std::vector<sluice::record> out;
+    for (std::size_t i = 0; i < n; ++i) {
+        std::string text(100 + (i * 7919) % 20000, '\0');
+        for (std::size_t j = 0; j < text.size(); ++j) text[j] = char((i * 31 + j * 7) & 0xff);
+        out.push_back({sluice::bytes::copy_of(text), s, i, 0});
+    }
+    return out;
+}
+}  // namespace
+
+TEST_CASE("[gpu] a slot is not copied into while the trainer's stream still reads it, batch sizes growing and shrinking",
+          "[cuda][gpu]") {
+    if (!have_gpu()) {
+        WARN("[test skipped] no usable GPU (CUDA runtime reports none)");
+        return;
+    }
+    // The trainer reads each batch on its own stream, late (a host function holds the
+    // stream 2 ms before the read), and lets the batch go at once, before the read ran. The
+    // next copy into that slot must wait for the read: each read sees its own batch's bytes.
+    auto eng = std::make_shared<sluice::cuda_engine>(0);
+    sluice::pipeline p(sluice::from(uneven_records(600)) | sluice::batch({.size = 6}) | sluice::to_device({.ring = 2}, eng));
+    cudaStream_t s = nullptr;
+    REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    static int hold_ms = 2;
+    std::vector<std::string> expected;
+    std::vector<void*> reads;
+    for (auto& b : p) {
+        expected.emplace_back(b.host().data.view());
+        void* d = nullptr;
+        REQUIRE(cudaMalloc(&d, b.byte_size()) == cudaSuccess);
+        reads.push_back(d);
+        b.wait(s);
+        REQUIRE(cudaLaunchHostFunc(s, hold_stream, &hold_ms) == cudaSuccess);
+        REQUIRE(cudaMemcpyAsync(d, b.data(), b.byte_size(), cudaMemcpyDeviceToDevice, s) == cudaSuccess);
+        b.release();  // the read above has not run yet
+    }
+    REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+    REQUIRE(expected.size() == 100);
+    std::size_t same = 0;
+    for (std::size_t i = 0; i < reads.size(); ++i) {
+        std::string back(expected[i].size(), '\0');
+        REQUIRE(cudaMemcpy(back.data(), reads[i], back.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+        same += back == expected[i];
+        cudaFree(reads[i]);
+    }
+    CHECK(same == reads.size());
+    cudaStreamDestroy(s);
+}
+
+TEST_CASE("[gpu] a trainer that stops early: copies in flight end cleanly, a batch kept outlives its pipeline, and a "
+          "DLPack tensor keeps its memory",
+          "[cuda][gpu]") {
+    if (!have_gpu()) {
+        WARN("[test skipped] no usable GPU (CUDA runtime reports none)");
+        return;
+    }
+    sluice::device_batch kept;
+    sluice::dlpack_ptr tensor;
+    std::string kept_bytes, tensor_bytes;
+    {
+        sluice::pipeline p(sluice::from(records(4000, 4096)) | sluice::batch({.size = 40}) | sluice::to_device({.ring = 3}));
+        auto first = p.next_blocking();
+        REQUIRE(first);
+        tensor = first->dlpack();
+        tensor_bytes = std::string(first->host().data.view());
+        first->release();  // the tensor still holds the slot
+        auto second = p.next_blocking();
+        REQUIRE(second);
+        kept = std::move(*second);
+        kept_bytes = std::string(kept.host().data.view());
+        REQUIRE(kept_bytes != tensor_bytes);
+    }  // the pipeline stops with copies in flight and a full ring
+    kept.synchronize();
+    std::string back(kept_bytes.size(), '\0');
+    REQUIRE(cudaMemcpy(back.data(), kept.data(), back.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(back == kept_bytes);
+    std::string tback(tensor_bytes.size(), '\0');
+    REQUIRE(tensor->dl_tensor.device.device_type == kDLCUDA);
+    REQUIRE(cudaMemcpy(tback.data(), tensor->dl_tensor.data, tback.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(tback == tensor_bytes);
+    kept.release();
+    tensor.reset();
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    // And the next pipeline on the same device runs.
+    sluice::pipeline again(sluice::from(records(20, 100)) | sluice::batch({.size = 10}) | sluice::to_device({}));
+    std::size_t n = 0;
+    for (auto& b : again) n += b.size();
+    CHECK(n == 20);
 }
 
 TEST_CASE("[gpu] a device that does not exist is named", "[cuda][gpu]") {
