@@ -133,6 +133,8 @@ options:
   --anonymous            s3: unsigned requests (public buckets)
   --no-mmap              read files with pread instead of mapping them (mapping is the
                          default: no copy before collation; see read_options::map)
+  --map-min-bytes N      mapping: files below N bytes are read with pread unless a
+                         shuffle holds the records (default 1048576; 0 maps every file)
   --no-crc               skip the per-record crc32 (measures the pipeline alone)
   --max-record-bytes N   the largest record (line, object, TFRecord...) a decoder holds;
                          a larger one is corrupt (default 1073741824)
@@ -197,6 +199,7 @@ struct options {
     std::size_t chunk_size = 4u << 20;
     std::size_t channel_bytes = 64u << 20;
     bool map = true;
+    std::uint64_t map_min_bytes = 1u << 20;
     unsigned in_flight = 64, retries = 8, stall = 30, min_in_flight = 4, parts_in_flight = 4;
     std::uint64_t part_size = 8u << 20;
     bool ordered = false;
@@ -329,6 +332,8 @@ options parse(int argc, char** argv) {
             o.channel_bytes = number<std::size_t>(a, value());
         } else if (a == "--no-mmap") {
             o.map = false;
+        } else if (a == "--map-min-bytes") {
+            o.map_min_bytes = number<std::uint64_t>(a, value());
         } else if (a == "--mmap") {  // the default since issue 17; kept so older scripts run
             o.map = true;
         } else if (a == "--in-flight") {
@@ -724,7 +729,7 @@ int main(int argc, char** argv) {
     };
     auto read_with = [&](unsigned k, sluice::ordering ord) {
         return sluice::read({.chunk_size = o.chunk_size, .concurrency = k, .order = ord, .map = o.map,
-                             .out = {16, o.channel_bytes}});
+                             .map_min_bytes = o.map_min_bytes, .out = {16, o.channel_bytes}});
     };
     auto src = http ? shards | fetch_with(o.in_flight, o.min_in_flight, o.part_size, order, o.cache, o.shared_limit)
                     : shards | read_with(o.files_in_flight, order);

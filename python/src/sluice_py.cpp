@@ -175,6 +175,7 @@ any_source append(sluice::source<T> s, const std::string& name, options& o, buil
             o.get("chunk_size", r.chunk_size);
             o.get("concurrency", r.concurrency);
             o.get("map", r.map);
+            o.get("map_min_bytes", r.map_min_bytes);
             order_opt(o, r.order);
             o.done();
             return std::move(s) | sluice::read(r);

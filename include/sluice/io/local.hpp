@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <exception>
 #include <memory>
@@ -48,6 +49,14 @@ struct read_options {
     /// copy, and a shuffle copies small records out of their chunks). Where a file cannot
     /// be mapped (not a regular file, mmap refused) it is read.
     bool map = true;
+    /// With `map`, files smaller than this are read with pread all the same, unless a
+    /// stage after read holds records (a shuffle): a small file's map, populate and unmap
+    /// cost more than one copy into a recycled, already-faulted buffer when its records go
+    /// on at once (loose images: about 8 % more CPU per image mapped; raw 100 KiB files
+    /// unshuffled: 1.5 against 2.0 x cat, bench/RESULTS.md issue 17), while records a
+    /// shuffle holds would each pin fresh memory where a mapping pins the page cache.
+    /// 0: map every file.
+    std::uint64_t map_min_bytes = 1u << 20;
     /// Capacity of the output channel, in chunks and bytes.
     channel_limits out = {16, 64u << 20};
 };
@@ -96,14 +105,14 @@ struct turn_gate {
 template <class = void>  // a coroutine: compiled only where used (see make_stage)
 task<void> read_file(stage_context<shard, chunk>& ctx, std::shared_ptr<const shard> src, const std::string& path,
                             const fd_guard& fd, std::size_t chunk_size, bool map, turn_gate& gate,
-                            std::uint64_t length = ~0ull) {
+                            std::uint64_t length = ~0ull, std::uint64_t map_from = 0) {
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0) throw source_error(path, "cannot stat", errno_code());
     if (S_ISDIR(st.st_mode)) throw source_error(path, "cannot read", std::make_error_code(std::errc::is_a_directory));
     ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
     if (S_ISREG(st.st_mode) && length != ~0ull) st.st_size = static_cast<off_t>(std::min<std::uint64_t>(length, st.st_size));
     std::shared_ptr<file_mapping> mapped;
-    if (map && S_ISREG(st.st_mode) && st.st_size > 0)
+    if (map && S_ISREG(st.st_mode) && st.st_size > 0 && static_cast<std::uint64_t>(st.st_size) >= map_from)
         mapped = file_mapping::open(fd.get(), static_cast<std::size_t>(st.st_size), path);
     if (mapped) {  // else (no mapping could be made) read as below
         const std::size_t size = mapped->size();
@@ -226,8 +235,13 @@ private:
     std::unique_ptr<fd_guard> fd_;
 };
 
+/// One run of read: the size from which files are mapped, decided at setup.
+struct read_run {
+    std::uint64_t map_from = 0;
+};
+
 template <class = void>  // a coroutine: compiled only where used (see make_stage)
-task<void> read_worker(stage_context<shard, chunk>& ctx, read_options o) {
+task<void> read_worker(stage_context<shard, chunk>& ctx, read_options o, const read_run& run) {
     const std::size_t chunk_size = chunk_size_of(o);
     for (;;) {
         co_await pass_gate(ctx);  // files in flight, when tuned
@@ -247,7 +261,7 @@ task<void> read_worker(stage_context<shard, chunk>& ctx, read_options o) {
                 check_local(src->url);
                 fd_guard fd(::open(local_path(src->url).c_str(), O_RDONLY | O_CLOEXEC));
                 if (fd.get() < 0) throw source_error(src->url, "cannot open", errno_code());
-                co_await read_file(ctx, src, src->url, fd, chunk_size, o.map, gate);
+                co_await read_file(ctx, src, src->url, fd, chunk_size, o.map, gate, ~0ull, run.map_from);
             } catch (...) {
                 failed = std::current_exception();
             }
@@ -277,15 +291,26 @@ template <class = void>  // compiled only where used (see make_stage)
 stage<shard, chunk> read(read_options o = {}) {
     // Under pipeline_options::tune, how many files are in flight is the tuner's (up to
     // .concurrency); each holds a chunk being filled (none when mapped: page cache).
-    auto s = make_stage<shard, chunk>("read", {.concurrency = o.concurrency, .order = o.order, .on = o.on, .out = o.out},
-                                      [o](stage_context<shard, chunk>& ctx) { return detail::read_worker(ctx, o); });
+    // Small files are mapped only when a stage after read holds records (read_options::
+    // map_min_bytes); the stages after it set up first (core/state.hpp).
+    auto setup = [o](stage_setup& st) {
+        auto r = std::make_shared<detail::read_run>();
+        r->map_from = detail::records_held_after(st.internal.run, st.internal.at).empty() ? o.map_min_bytes : 0;
+        return r;
+    };
+    auto s = make_stage<shard, chunk>(
+        "read", {.concurrency = o.concurrency, .order = o.order, .on = o.on, .out = o.out}, setup,
+        [o](stage_context<shard, chunk>& ctx, detail::read_run& r) { return detail::read_worker(ctx, o, r); });
     // Plan may count records through it (core/detail/shard_counting.hpp).
     s = detail::also_at_setup(std::move(s), [](stage_setup& st) {
         detail::offer_access(st.internal.run, st.internal.at, "read", [](std::stop_token) -> std::unique_ptr<detail::shard_access> {
             return std::make_unique<detail::local_access>();
         });
     });
-    return detail::gated_stage(std::move(s), o.map ? 0 : detail::chunk_size_of(o));
+    // A file in flight holds a chunk being filled (a small one when mapping, none for a
+    // mapped file: page cache).
+    const std::uint64_t chunk = detail::chunk_size_of(o);
+    return detail::gated_stage(std::move(s), o.map ? std::min(chunk, o.map_min_bytes) : chunk);
 }
 template <class A>
 stage<A, chunk> read(stage<A, shard> upstream, read_options o = {}) {

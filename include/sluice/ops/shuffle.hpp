@@ -257,6 +257,7 @@ std::shared_ptr<shuffle_state> shuffle_setup(const shuffle_options& o, stage_set
     s.internal.run->note("shuffle", "buffer=" + std::to_string(o.buffer) + " max_bytes=" + std::to_string(o.max_bytes) +
                               " seed=" + (o.seed ? std::to_string(*o.seed) : std::string("plan")));
     if (s.internal.fixed_bytes) *s.internal.fixed_bytes += o.max_bytes;
+    note_records_held(s.internal.run, s.internal.at, "shuffle");
     auto st = std::make_shared<shuffle_state>();
     st->o = o;
     st->o.seed = o.seed.value_or(0);

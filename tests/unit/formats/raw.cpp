@@ -13,7 +13,7 @@ TEST_CASE("one record per file: whole in one chunk without a copy, assembled oth
     const auto small = d.write("small", "tiny"), large = d.write("large", big), empty = d.write("empty", "");
     std::vector<sluice::shard> shards{{small, 0, 0}, {large, 0, 1}, {empty, 0, 2}};
     std::vector<sluice::record> got;
-    for (auto& r : sluice::pipeline(sluice::from(shards) | sluice::read({.chunk_size = 4096}) | sluice::raw({})))
+    for (auto& r : sluice::pipeline(sluice::from(shards) | sluice::read({.chunk_size = 4096, .map_min_bytes = 0}) | sluice::raw({})))
         got.push_back(r);
     REQUIRE(got.size() == 3);
     REQUIRE(got[0].data.view() == "tiny");
@@ -43,7 +43,7 @@ TEST_CASE("a mapped file of several windows is one record viewing the mapping, n
     for (std::size_t i = 0; i < content.size(); ++i) content[i] = char(i * 11 + 3);
     const auto f = d.write("f.bin", content);
     std::vector<sluice::record> got;
-    for (auto& r : sluice::pipeline(sluice::from<sluice::shard>({{f, 0, 0}}) | sluice::read({.chunk_size = 4096}) | sluice::raw({})))
+    for (auto& r : sluice::pipeline(sluice::from<sluice::shard>({{f, 0, 0}}) | sluice::read({.chunk_size = 4096, .map_min_bytes = 0}) | sluice::raw({})))
         got.push_back(r);
     REQUIRE(got.size() == 1);
     REQUIRE(got[0].data.view() == content);

@@ -6,6 +6,8 @@
 #include <sluice/ops/from.hpp>
 
 #include <sluice/formats/lines.hpp>
+#include <sluice/formats/raw.hpp>
+#include <sluice/ops/shuffle.hpp>
 
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -13,6 +15,7 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <set>
 
 namespace {
@@ -103,7 +106,7 @@ TEST_CASE("mapped files give the same chunks as reads, as windows of one mapping
     for (std::size_t i = 0; i < content.size(); ++i) content[i] = char(i * 7 + 1);
     const auto a = d.write("a.bin", content), empty = d.write("empty.bin", "");
     auto read = read_all({a, empty}, {.chunk_size = 4096, .map = false});
-    auto mapped = read_all({a, empty}, {.chunk_size = 4096});  // mapped by default
+    auto mapped = read_all({a, empty}, {.chunk_size = 4096, .map_min_bytes = 0});
     REQUIRE(mapped.size() == read.size());
     for (std::size_t i = 0; i < read.size(); ++i) {
         REQUIRE(mapped[i].offset == read[i].offset);
@@ -117,6 +120,37 @@ TEST_CASE("mapped files give the same chunks as reads, as windows of one mapping
     REQUIRE(mapped[0].data.owner_capacity() == 4096);  // each window pins its own pages
     REQUIRE(mapped[1].data.data() == mapped[0].data.data() + 4096);
     REQUIRE(mapped[3].data.file() == nullptr);  // the empty file: nothing to map
+}
+
+TEST_CASE("small files are read unless a shuffle after read holds their records, and large files are mapped", "[local]") {
+    sluice_test::temp_dir d;
+    const auto small = d.write("small.bin", std::string(10'000, 's'));
+    const auto big = d.write("big.bin", std::string(2u << 20, 'b'));  // over map_min_bytes (1 MiB)
+    const std::vector<sluice::shard> shards{{small, 0, 0}, {big, 0, 1}};
+    auto mapped_by_url = [](auto&& pipeline) {
+        std::map<std::string, bool> out;
+        for (auto& r : pipeline) out[r.source->url] = r.data.file() != nullptr;
+        return out;
+    };
+    // Nothing holds the records: the small file is read into a recycled buffer.
+    auto plain = mapped_by_url(sluice::pipeline(sluice::from(shards) | sluice::read() | sluice::raw({})));
+    CHECK_FALSE(plain[small]);
+    CHECK(plain[big]);
+    // A shuffle after read holds them: every file is mapped (held records pin page cache).
+    auto held = mapped_by_url(
+        sluice::pipeline(sluice::from(shards) | sluice::read() | sluice::raw({}) | sluice::shuffle({.buffer = 4})));
+    CHECK(held[small]);
+    CHECK(held[big]);
+    // A shuffle of the shards, before read, holds no records.
+    auto before = mapped_by_url(sluice::pipeline(sluice::from(shards) | sluice::shuffle({.buffer = 2}) | sluice::read() | sluice::raw({})));
+    CHECK_FALSE(before[small]);
+    // map_min_bytes = 0 maps every file; map = false maps none.
+    auto all = mapped_by_url(sluice::pipeline(sluice::from(shards) | sluice::read({.map_min_bytes = 0}) | sluice::raw({})));
+    CHECK(all[small]);
+    auto none = mapped_by_url(sluice::pipeline(sluice::from(shards) | sluice::read({.map = false}) | sluice::raw({})));
+    CHECK_FALSE(none[big]);
+    CHECK(plain.size() == 2);
+    CHECK(held.size() == 2);
 }
 
 namespace {
@@ -173,7 +207,7 @@ TEST_CASE("a record kept from a mapped window pins only its own pages, with no c
 TEST_CASE("records that straddle mapped windows are views across them, not copies", "[local]") {
     sluice_test::temp_dir d;
     const auto a = d.write("a.bin", std::string(10'000, 'z'));
-    auto chunks = read_all({a}, {.chunk_size = 4096});
+    auto chunks = read_all({a}, {.chunk_size = 4096, .map_min_bytes = 0});
     std::vector<sluice::bytes> parts{chunks[0].data.slice(4000, 96), chunks[1].data, chunks[2].data.slice(0, 100)};
     auto joined = sluice::bytes::joined_in_place(parts);
     REQUIRE(joined.file() == chunks[0].data.file());
@@ -213,7 +247,7 @@ TEST_CASE("a mapped file that shrinks while read is an error naming it and the o
 
 TEST_CASE("a SIGBUS that is not about sluice's mappings still ends the process", "[local]") {
     sluice_test::temp_dir d;
-    read_all({d.write("a", "x")}, {});  // installs the handler
+    read_all({d.write("a", "x")}, {.map_min_bytes = 0});  // maps it: installs the handler
     const pid_t child = ::fork();
     REQUIRE(child >= 0);
     if (child == 0) {  // a mapping of its own, not sluice's, touched past the file's end
