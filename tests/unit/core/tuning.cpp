@@ -112,6 +112,36 @@ TEST_CASE("started past the knee, the tuner halves while it costs under 5 %, the
     CHECK(tried_fewer);
 }
 
+TEST_CASE("a knob of which less saves nothing (a part size) settles where it started when doubling does not pay",
+          "[tune]") {
+    model m;
+    m.knee = 4;  // as above: past the knee at the start
+    auto k = m.knob();
+    k.name = "part_size_mib";
+    k.min = 8;
+    k.up_only = true;
+    sluice::detail::hill_climb climb({k}, 0);
+    climb.begin(0);
+    for (int i = 0; i < 30; ++i) climb.step(m.window(), m.now);
+    std::string text;
+    for (auto& c : climb.log()) text += std::to_string(c.from) + " -> " + std::to_string(c.to) + ": " + c.why + "\n";
+    INFO(text);
+    CHECK(m.value == 8);  // 8 -> 16 did not pay: back to 8, no halving
+    CHECK(climb.settings()[0].settled);
+    CHECK(climb.log().back().why.find("settled: doubling to 16 gave +0 %, kept 8") != std::string::npos);
+    CHECK(text.find("try fewer") == std::string::npos);
+    // Where doubling pays it climbs as any knob does.
+    model up;
+    up.knee = 64;
+    auto k2 = up.knob(64);
+    k2.up_only = true;
+    sluice::detail::hill_climb climb2({k2}, 0);
+    climb2.begin(0);
+    for (int i = 0; i < 30; ++i) climb2.step(up.window(), up.now);
+    CHECK(up.value == 64);
+    CHECK(climb2.settings()[0].settled);
+}
+
 // The worker gate (core/detail/worker_gate.hpp) in a running pipeline: how many of a
 // map's workers work is the tuner's, from 1 up to its .concurrency, without changing
 // what arrives or in which order, and a gated worker never holds up the end, an error or

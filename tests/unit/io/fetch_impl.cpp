@@ -19,7 +19,7 @@ TEST_CASE("a fetch run's shared state: the request limit from .concurrency, a ca
 TEST_CASE("a tuned fetch offers its requests in flight as a knob between its floor and its workers", "[fetch][tune]") {
     std::vector<sluice::detail::knob> knobs;
     auto run = sluice::detail::make_fetch_run({.concurrency = 48, .min_concurrency = 3, .chunk_size = 1u << 20}, &knobs);
-    REQUIRE(knobs.size() == 1);
+    REQUIRE(knobs.size() == 2);  // the requests in flight, then the part size
     auto& k = knobs[0];
     CHECK(k.stage == "fetch");
     CHECK(k.name == "concurrency");
@@ -41,8 +41,31 @@ TEST_CASE("a tuned fetch offers its requests in flight as a knob between its flo
     CHECK(run->limit->limit() == 16);
     CHECK(k.get() == 24);
     REQUIRE(k.pressure == &run->throttled);
-    // Untuned (no knobs asked) and single-request stages offer nothing.
+    // The part size, in MiB, climbing only, from the one given; no memory of its own (a
+    // part streams through the same chunks), the same throttling.
+    auto& p = knobs[1];
+    CHECK(p.name == "part_size_mib");
+    CHECK(p.min == 8);
+    CHECK(p.start == 8);
+    CHECK(p.max == 64);
+    CHECK(p.up_only);
+    CHECK(p.bytes_each == 0);
+    CHECK(p.pressure == &run->throttled);
+    CHECK(p.get() == 8);
+    CHECK(run->part_size == 8u << 20);
+    p.set(32);
+    CHECK(run->part_size == 32u << 20);
+    CHECK(p.get() == 32);
+    // A single-request stage offers only its part size; one without parallel parts, or
+    // with a part size that is no whole number of MiB, offers nothing.
+    std::vector<sluice::detail::knob> one;
+    sluice::detail::make_fetch_run({.concurrency = 1}, &one);
+    REQUIRE(one.size() == 1);
+    CHECK(one[0].name == "part_size_mib");
     std::vector<sluice::detail::knob> none;
-    sluice::detail::make_fetch_run({.concurrency = 1}, &none);
+    sluice::detail::make_fetch_run({.concurrency = 1, .parallel_parts = false}, &none);
     CHECK(none.empty());
+    auto odd = sluice::detail::make_fetch_run({.concurrency = 1, .part_size = 100'000}, &none);
+    CHECK(none.empty());
+    CHECK(odd->part_size == 100'000);
 }
