@@ -432,30 +432,26 @@ private:
     bool served_ = false;
 };
 
-/// A stage that holds many records at once (a shuffle's buffer) says so at setup, for the
-/// readers before it: a reader whose records are held maps even small files, so that what
-/// is held is the page cache rather than fresh memory (io/local.hpp). Setups run last
-/// stage first, so a reader's setup sees every holder after it.
+/// A stage that holds many records at once (a shuffle's buffer of records) says so at
+/// setup, for the readers before it: a reader whose records are held maps even small
+/// files, so that what is held is the page cache rather than fresh memory (io/local.hpp).
+/// Setups run last stage first, so a reader's setup sees every holder after it.
 struct records_holders {
     std::mutex m;
     std::size_t first_at = static_cast<std::size_t>(-1);  // the nearest holder's place in the chain
-    std::string name;
 };
-inline void note_records_held(run_state* run, std::size_t at, const std::string& name) {
+inline void note_records_held(run_state* run, std::size_t at) {
     if (!run) return;
     auto h = run->slot<records_holders>("records_held");
     std::lock_guard lock(h->m);
-    if (at < h->first_at) {
-        h->first_at = at;
-        h->name = name;
-    }
+    h->first_at = std::min(h->first_at, at);
 }
-/// The name of the nearest stage after `at` that holds records, or empty.
-inline std::string records_held_after(run_state* run, std::size_t at) {
-    if (!run) return {};
+/// Whether a stage after `at` holds records.
+inline bool records_held_after(run_state* run, std::size_t at) {
+    if (!run) return false;
     auto h = run->slot<records_holders>("records_held");
     std::lock_guard lock(h->m);
-    return h->first_at != static_cast<std::size_t>(-1) && h->first_at > at ? h->name : std::string();
+    return h->first_at != static_cast<std::size_t>(-1) && h->first_at > at;
 }
 
 }  // namespace detail

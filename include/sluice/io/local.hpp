@@ -50,10 +50,10 @@ struct read_options {
     /// be mapped (not a regular file, mmap refused) it is read.
     bool map = true;
     /// With `map`, files smaller than this are read with pread all the same, unless a
-    /// stage after read holds records (a shuffle): a small file's map, populate and unmap
-    /// cost more than one copy into a recycled, already-faulted buffer when its records go
-    /// on at once (loose images: about 8 % more CPU per image mapped; raw 100 KiB files
-    /// unshuffled: 1.5 against 2.0 x cat, bench/RESULTS.md issue 17), while records a
+    /// stage after read holds records (a shuffle of records or samples): a small file's
+    /// map, populate and unmap cost more than one copy into a recycled, already-faulted
+    /// buffer when its records go on at once (10,240 raw files of 100 KiB, unshuffled:
+    /// 1.86-1.92 x cat read, 1.45 mapped, bench/RESULTS.md issue 17), while records a
     /// shuffle holds would each pin fresh memory where a mapping pins the page cache.
     /// 0: map every file.
     std::uint64_t map_min_bytes = 1u << 20;
@@ -295,7 +295,7 @@ stage<shard, chunk> read(read_options o = {}) {
     // map_min_bytes); the stages after it set up first (core/state.hpp).
     auto setup = [o](stage_setup& st) {
         auto r = std::make_shared<detail::read_run>();
-        r->map_from = detail::records_held_after(st.internal.run, st.internal.at).empty() ? o.map_min_bytes : 0;
+        r->map_from = detail::records_held_after(st.internal.run, st.internal.at) ? 0 : o.map_min_bytes;
         return r;
     };
     auto s = make_stage<shard, chunk>(
@@ -307,10 +307,9 @@ stage<shard, chunk> read(read_options o = {}) {
             return std::make_unique<detail::local_access>();
         });
     });
-    // A file in flight holds a chunk being filled (a small one when mapping, none for a
-    // mapped file: page cache).
-    const std::uint64_t chunk = detail::chunk_size_of(o);
-    return detail::gated_stage(std::move(s), o.map ? std::min(chunk, o.map_min_bytes) : chunk);
+    // A file in flight holds a chunk being filled; none when mapping (page cache), but for
+    // the small files read instead: at most map_min_bytes each, left out of the budget.
+    return detail::gated_stage(std::move(s), o.map ? 0 : detail::chunk_size_of(o));
 }
 template <class A>
 stage<A, chunk> read(stage<A, shard> upstream, read_options o = {}) {

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 namespace sluice {
@@ -257,7 +258,10 @@ std::shared_ptr<shuffle_state> shuffle_setup(const shuffle_options& o, stage_set
     s.internal.run->note("shuffle", "buffer=" + std::to_string(o.buffer) + " max_bytes=" + std::to_string(o.max_bytes) +
                               " seed=" + (o.seed ? std::to_string(*o.seed) : std::string("plan")));
     if (s.internal.fixed_bytes) *s.internal.fixed_bytes += o.max_bytes;
-    note_records_held(s.internal.run, s.internal.at, "shuffle");
+    // Only items that may be views of a file's bytes: a shuffle of decoded images or of
+    // batches holds memory of their own, and the reader should not map small files for it.
+    if constexpr (std::is_same_v<T, record> || std::is_same_v<T, sample> || std::is_same_v<T, chunk>)
+        note_records_held(s.internal.run, s.internal.at);
     auto st = std::make_shared<shuffle_state>();
     st->o = o;
     st->o.seed = o.seed.value_or(0);

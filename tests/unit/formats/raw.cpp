@@ -12,18 +12,25 @@ TEST_CASE("one record per file: whole in one chunk without a copy, assembled oth
     const std::string big(10'000, 'b');
     const auto small = d.write("small", "tiny"), large = d.write("large", big), empty = d.write("empty", "");
     std::vector<sluice::shard> shards{{small, 0, 0}, {large, 0, 1}, {empty, 0, 2}};
-    std::vector<sluice::record> got;
-    for (auto& r : sluice::pipeline(sluice::from(shards) | sluice::read({.chunk_size = 4096, .map_min_bytes = 0}) | sluice::raw({})))
-        got.push_back(r);
-    REQUIRE(got.size() == 3);
-    REQUIRE(got[0].data.view() == "tiny");
-    // The chunk itself (no copy), and the chunk is sized to the file: a 4-byte file does
-    // not pin a 4096-byte buffer.
-    REQUIRE(got[0].data.owner_capacity() == 4);
-    REQUIRE(got[0].data.owner_use_count() == 1);
-    REQUIRE(got[1].data.view() == big);
-    REQUIRE(got[1].source->url == large);
-    REQUIRE(got[2].data.empty());
+    // Read (small files are, by default) and mapped (.map_min_bytes = 0).
+    for (std::uint64_t map_min : {std::uint64_t{1} << 20, std::uint64_t{0}}) {
+        INFO("map_min_bytes " << map_min);
+        std::vector<sluice::record> got;
+        for (auto& r : sluice::pipeline(sluice::from(shards) | sluice::read({.chunk_size = 4096, .map_min_bytes = map_min}) |
+                                        sluice::raw({})))
+            got.push_back(r);
+        REQUIRE(got.size() == 3);
+        REQUIRE(got[0].data.view() == "tiny");
+        REQUIRE((got[0].data.file() != nullptr) == (map_min == 0));
+        // The chunk itself (no copy), and the chunk is sized to the file: a 4-byte file does
+        // not pin a 4096-byte buffer (read: the pool's smallest size class).
+        if (map_min == 0) REQUIRE(got[0].data.owner_capacity() == 4);
+        else REQUIRE(got[0].data.owner_capacity() < 4096);
+        REQUIRE(got[0].data.owner_use_count() == 1);
+        REQUIRE(got[1].data.view() == big);
+        REQUIRE(got[1].source->url == large);
+        REQUIRE(got[2].data.empty());
+    }
 }
 
 TEST_CASE("an object as fetch sends it (its bytes, then an empty last chunk) is passed on without a copy", "[raw]") {

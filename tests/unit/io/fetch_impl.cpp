@@ -41,14 +41,13 @@ TEST_CASE("a tuned fetch offers its requests in flight as a knob between its flo
     CHECK(run->limit->limit() == 16);
     CHECK(k.get() == 24);
     REQUIRE(k.pressure == &run->throttled);
-    // The part size, in MiB, climbing only, from the one given; no memory of its own (a
-    // part streams through the same chunks), the same throttling.
+    // The part size, in MiB, from the one given, which is its floor (it only climbs); no
+    // memory of its own (a part streams through the same chunks), the same throttling.
     auto& p = knobs[1];
     CHECK(p.name == "part_size_mib");
     CHECK(p.min == 8);
     CHECK(p.start == 8);
     CHECK(p.max == 64);
-    CHECK(p.up_only);
     CHECK(p.bytes_each == 0);
     CHECK(p.pressure == &run->throttled);
     CHECK(p.get() == 8);

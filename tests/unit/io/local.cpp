@@ -7,11 +7,13 @@
 
 #include <sluice/formats/lines.hpp>
 #include <sluice/formats/raw.hpp>
+#include <sluice/ops/map.hpp>
 #include <sluice/ops/shuffle.hpp>
 
 #include <sys/mman.h>
 #include <sys/wait.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -141,6 +143,19 @@ TEST_CASE("small files are read unless a shuffle after read holds their records,
         sluice::pipeline(sluice::from(shards) | sluice::read() | sluice::raw({}) | sluice::shuffle({.buffer = 4})));
     CHECK(held[small]);
     CHECK(held[big]);
+    // A shuffle of what a map made of the records (decoded images, say) holds memory of
+    // its own: the small file is read.
+    std::atomic<int> small_mapped{-1};
+    auto sizes = sluice::pipeline(sluice::from(shards) | sluice::read() | sluice::raw({}) |
+                                  sluice::map([&](sluice::record r) {
+                                      if (r.source->url == small) small_mapped = r.data.file() != nullptr;
+                                      return r.data.size();
+                                  }) |
+                                  sluice::shuffle({.buffer = 4}));
+    std::size_t total = 0;
+    for (auto n : sizes) total += n;
+    CHECK(total == 10'000 + (2u << 20));
+    CHECK(small_mapped == 0);
     // A shuffle of the shards, before read, holds no records.
     auto before = mapped_by_url(sluice::pipeline(sluice::from(shards) | sluice::shuffle({.buffer = 2}) | sluice::read() | sluice::raw({})));
     CHECK_FALSE(before[small]);
@@ -222,8 +237,8 @@ TEST_CASE("a mapped file that shrinks while read is an error naming it and the o
     std::string content;
     for (int i = 0; content.size() < (1u << 20); ++i) content += "line " + std::to_string(i) + "\n";
     const auto a = d.write("shrinks.txt", content);
-    sluice::pipeline p(sluice::from<sluice::shard>({{a, 0, 0}}) | sluice::read({.chunk_size = 4096, .out = {1, 0}}) |
-                       sluice::lines({.out = {1, 0}}));
+    sluice::pipeline p(sluice::from<sluice::shard>({{a, 0, 0}}) |
+                       sluice::read({.chunk_size = 4096, .map_min_bytes = 0, .out = {1, 0}}) | sluice::lines({.out = {1, 0}}));
     auto first = p.next_blocking();
     REQUIRE(first);
     REQUIRE(first->data.view() == "line 0");

@@ -8,8 +8,8 @@
 // it doubles the setting while a doubling raises the delivered rate by 5 % or more, and
 // when one does not, it goes back to the setting before and leaves that knob settled.
 // When the very first doubling does not pay (the start is past the knee), it halves
-// instead, while halving keeps the rate within 5 % of the best seen, then settles
-// (except a knob of which less saves nothing, knob::up_only: fetch's part size).
+// instead, while halving keeps the rate within 5 % of the best seen, then settles (a
+// knob that starts at its floor, as fetch's part size does, settles there).
 // A window that delivered nothing decides nothing; one change is judged at a time.
 // A knob moves one way only (up, or down when the first doubling did not pay), then
 // settles: the climb ends, it does not oscillate. A knob whose stage is throttled (its pressure counter grew: 503s or 429s)
@@ -43,9 +43,6 @@ struct knob {
     std::function<unsigned()> get;
     std::function<void(unsigned)> set;
     const std::atomic<std::uint64_t>* pressure = nullptr;  // grows while the source throttles
-    /// Less of it saves nothing (a part size, unlike workers or requests in flight): when
-    /// the first doubling does not pay, it settles where it started instead of halving.
-    bool up_only = false;
     /// The stage's place in pipeline_figures::stages (set by the pipeline; two stages may
     /// share a name); npos: found by name.
     std::size_t at = static_cast<std::size_t>(-1);
@@ -126,7 +123,7 @@ public:
                 log(now, k, st.from, cur, "rate " + rate_text(st.rate_before) + " -> " + rate_text(rate) + " with fewer");
                 st.best = std::max(st.best, rate);
                 break;  // on down from here
-            } else if (!st.down && !st.climbed && st.from > k.min && !k.up_only) {
+            } else if (!st.down && !st.climbed && st.from > k.min) {
                 // The first doubling did not pay: past the knee already. Try halving instead.
                 k.set(st.from);
                 st.down = true;

@@ -257,9 +257,9 @@ inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o, std::ve
         // order): the part size, in MiB, from the one given up to 64 MiB (or the one given, if
         // larger): fewer, larger parts cost fewer requests where one connection is fast
         // (on loopback 64 MiB parts took a 1 GiB object in 0.29-0.31 s against 0.36-0.38 s
-        // with 8 MiB, bench/RESULTS.md issue 17); smaller ones save nothing, so it only
-        // climbs. A part streams through the same few chunks whatever its size: no memory.
-        // A change applies from the next part.
+        // with 8 MiB, bench/RESULTS.md issue 17); smaller ones save nothing, so its floor
+        // is where it starts and it only climbs. A part streams through the same few
+        // chunks whatever its size: no memory. A change applies from the next part.
         std::weak_ptr<fetch_run> w = run;
         const auto given = static_cast<unsigned>(o.part_size / mib);
         knobs->push_back({.stage = "fetch",
@@ -271,8 +271,7 @@ inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o, std::ve
                           .bytes_now = nullptr,
                           .get = [w] { auto r = w.lock(); return r ? static_cast<unsigned>(r->part_size.load() / mib) : 0u; },
                           .set = [w](unsigned v) { if (auto r = w.lock()) r->part_size.store(std::uint64_t{v} * mib); },
-                          .pressure = &run->throttled,
-                          .up_only = true});
+                          .pressure = &run->throttled});
     }
     return run;
 }
@@ -472,7 +471,7 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
         lim->release(p.seq, ok, throttled);
     };
     // The part size now (the tuner may change it while objects download).
-    auto part_size_now = [&run] { return std::max<std::uint64_t>(run.part_size.load(std::memory_order_relaxed), 1); };
+    auto part_size_now = [&run] { return run.part_size.load(std::memory_order_relaxed); };  // >= 1
     for (;;) {
         std::uint64_t ticket = 0;
         auto s = co_await ctx.in.next(ctx.turn ? &ticket : nullptr);
