@@ -649,7 +649,8 @@ open(sys.argv[1] + "/sizes", "w").write("%d\n" % sum(sizes))' "$www/w"
       r=$(echo "$o" | field $key | awk -v d=$div '{ printf "%.1f", $1 / d }')
       local chose settled rss after
       chose=$(echo "$o" | grep -o "\"stage\":\"$stage\",\"knob\":\"concurrency\",\"value\":[0-9]*" | grep -o '[0-9]*$' || true)
-      settled=$(echo "$o" | grep -o '"seconds":[0-9.e+-]*,"stage":"[a-z_]*","knob":"concurrency","from":[0-9]*,"to":[0-9]*,"why":"settled' | cut -d, -f1 | cut -d: -f2 | sort -g | tail -1 || true)
+      # The last knob to settle, whichever it is (fetch's part size settles after its requests).
+      settled=$(echo "$o" | grep -o '"seconds":[0-9.e+-]*,"stage":"[a-z_]*","knob":"[a-z_]*","from":[0-9]*,"to":[0-9]*,"why":"settled' | cut -d, -f1 | cut -d: -f2 | sort -g | tail -1 || true)
       rss=$(echo "$o" | field peak_rss_bytes)
       after=$(grep '^\[sluice\]' "$ngx/tuned.err" | awk -v s="${settled:-1e9}" -v T="$(echo "$o" | field seconds)" -v B="$(echo "$o" | field $amount)" -v c=$col -v d=$div '
         { t = $2; sub("s", "", t); if (t + 0 >= s + 0.5 && !found) { found = 1; t1 = t; b1 = $c * t * d } }
