@@ -235,13 +235,9 @@ private:
     std::unique_ptr<fd_guard> fd_;
 };
 
-/// One run of read: the size from which files are mapped, decided at setup.
-struct read_run {
-    std::uint64_t map_from = 0;
-};
-
+/// `o`: the run's options, whose map_min_bytes the setup decided (see read()).
 template <class = void>  // a coroutine: compiled only where used (see make_stage)
-task<void> read_worker(stage_context<shard, chunk>& ctx, read_options o, const read_run& run) {
+task<void> read_worker(stage_context<shard, chunk>& ctx, read_options o) {
     const std::size_t chunk_size = chunk_size_of(o);
     for (;;) {
         co_await pass_gate(ctx);  // files in flight, when tuned
@@ -261,7 +257,7 @@ task<void> read_worker(stage_context<shard, chunk>& ctx, read_options o, const r
                 check_local(src->url);
                 fd_guard fd(::open(local_path(src->url).c_str(), O_RDONLY | O_CLOEXEC));
                 if (fd.get() < 0) throw source_error(src->url, "cannot open", errno_code());
-                co_await read_file(ctx, src, src->url, fd, chunk_size, o.map, gate, ~0ull, run.map_from);
+                co_await read_file(ctx, src, src->url, fd, chunk_size, o.map, gate, ~0ull, o.map_min_bytes);
             } catch (...) {
                 failed = std::current_exception();
             }
@@ -294,13 +290,14 @@ stage<shard, chunk> read(read_options o = {}) {
     // Small files are mapped only when a stage after read holds records (read_options::
     // map_min_bytes); the stages after it set up first (core/state.hpp).
     auto setup = [o](stage_setup& st) {
-        auto r = std::make_shared<detail::read_run>();
-        r->map_from = detail::records_held_after(st.internal.run, st.internal.at) ? 0 : o.map_min_bytes;
-        return r;
+        auto run = std::make_shared<read_options>(o);
+        if (detail::records_held_after(st.internal.run, st.internal.at)) run->map_min_bytes = 0;
+        return run;
     };
-    auto s = make_stage<shard, chunk>(
-        "read", {.concurrency = o.concurrency, .order = o.order, .on = o.on, .out = o.out}, setup,
-        [o](stage_context<shard, chunk>& ctx, detail::read_run& r) { return detail::read_worker(ctx, o, r); });
+    auto s = make_stage<shard, chunk>("read", {.concurrency = o.concurrency, .order = o.order, .on = o.on, .out = o.out},
+                                      setup, [](stage_context<shard, chunk>& ctx, read_options& run) {
+                                          return detail::read_worker(ctx, run);
+                                      });
     // Plan may count records through it (core/detail/shard_counting.hpp).
     s = detail::also_at_setup(std::move(s), [](stage_setup& st) {
         detail::offer_access(st.internal.run, st.internal.at, "read", [](std::stop_token) -> std::unique_ptr<detail::shard_access> {

@@ -252,7 +252,7 @@ inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o, std::ve
                           .pressure = &run->throttled});
     }
     constexpr std::uint64_t mib = 1u << 20;
-    if (knobs && o.parallel_parts && o.part_size >= mib && o.part_size % mib == 0 && o.part_size / mib <= 1024) {
+    if (knobs && o.parallel_parts && o.part_size >= mib && o.part_size % mib == 0) {
         // After the requests in flight (the tuner climbs one knob at a time, in this
         // order): the part size, in MiB, from the one given up to 64 MiB (or the one given, if
         // larger): fewer, larger parts cost fewer requests where one connection is fast
