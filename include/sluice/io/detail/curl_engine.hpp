@@ -65,6 +65,9 @@ struct http_transfer {
     std::deque<bytes> ready;
     bool done = false;
     bool paused = false;
+    // The reader took every byte the response said it has and went on (fetch does not wait
+    // for the transfer's end): anything more is the server's error, and ends the transfer.
+    bool detached = false;
     std::coroutine_handle<> waiter;
     executor waiter_ex;
 
@@ -125,8 +128,25 @@ public:
     curl_engine& operator=(const curl_engine&) = delete;
 
     void add(std::shared_ptr<http_transfer> t) { command(kind::add, std::move(t)); }
-    /// After the coroutine took a chunk: unpause the transfer if it was paused.
-    void resume(std::shared_ptr<http_transfer> t) { command(kind::resume, std::move(t)); }
+    /// After the coroutine took a chunk: unpause the transfer if it was paused. A transfer
+    /// that is not paused costs nothing here (no command, no wake-up of the engine's
+    /// thread): a small object's one chunk never pauses it. It cannot pause unseen between
+    /// the look and the coroutine's next take, which comes back here.
+    void resume(std::shared_ptr<http_transfer> t) {
+        {
+            std::lock_guard lock(t->m);
+            if (!t->paused || t->done) return;
+        }
+        command(kind::resume, std::move(t));
+    }
+    /// The reader has all it asked for and will not read again: the transfer ends on its
+    /// own (its connection kept), and waking its reader is skipped.
+    static void detach(http_transfer& t) {
+        std::lock_guard lock(t.m);
+        t.detached = true;
+        t.ready.clear();
+        t.waiter = nullptr;
+    }
     /// Abandons a transfer (the pipeline stopped): it ends with CURLE_ABORTED_BY_CALLBACK
     /// and its reader wakes.
     void cancel(std::shared_ptr<http_transfer> t) { command(kind::cancel, std::move(t)); }
@@ -266,6 +286,7 @@ private:
         executor ex;
         {
             std::lock_guard lock(t.m);
+            if (t.detached) return;
             t.ready.push_back(std::move(b));
             h = t.take_waiter();
             ex = t.waiter_ex;
@@ -349,6 +370,7 @@ private:
         }
         {
             std::lock_guard lock(t.m);
+            if (t.detached) return 0;  // more than the response said it has: ends it (CURLE_WRITE_ERROR)
             if (t.ready.size() >= 2) {  // the consumer is behind: hold the transfer
                 t.paused = true;
                 return CURL_WRITEFUNC_PAUSE;

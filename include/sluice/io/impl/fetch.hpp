@@ -635,6 +635,7 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                 p.to = http_request::npos;
             };
             unsigned attempt = 0;
+            bool delivered_all = false;  // sent as the last chunk: no `last` to send after
             bool reread_now = false;  // the part is retried with credentials read again
             bool first_response = true;
             while (!parts.empty() || more_parts()) {
@@ -696,14 +697,30 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                         continue;
                     }
                     offset += c.data.size();
+                    // Every byte the answers said the object has is here: this chunk goes on
+                    // as the object's last, and the worker does not wait for the transfer's
+                    // end, which curl reaches on its own with the connection kept (a wake-up
+                    // and a channel item less per small object; a server that sends more
+                    // ends it, see curl_engine::detach).
+                    delivered_all = total != http_request::npos && offset == total;
+                    c.last = delivered_all;
                     if (!my_turn) {
                         co_await ctx.turn->wait(ticket);
                         my_turn = true;
                     }
                     co_await ctx.out.send(std::move(c));
                     eng->resume(p.t);
+                    if (delivered_all) break;
                     if (refresh_due()) co_await refresh();  // before the parts after sign with them
                     refill();  // permits freed since: start more parts
+                }
+                if (delivered_all) {
+                    for (auto& q : parts) {
+                        curl_engine::detach(*q.t);
+                        release(q, true, false);
+                    }
+                    parts.clear();
+                    break;
                 }
                 stop_point();  // a stop cancels transfers: their ending is not a failure to retry
                 http_transfer& t = *p.t;
@@ -822,15 +839,15 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
             }
             run.bytes_done.fetch_add(offset, std::memory_order_relaxed);
             run.objects_done.fetch_add(1, std::memory_order_relaxed);
-            if (!from_copy) {
+            if (!from_copy && !delivered_all) {
                 chunk last{src, offset, {}, true, false};
                 if (!my_turn) {
                     co_await ctx.turn->wait(ticket);
                     my_turn = true;
                 }
                 co_await ctx.out.send(std::move(last));
-                if (ctx.turn) ctx.turn->done(ticket);
             }
+            if (!from_copy && ctx.turn) ctx.turn->done(ticket);
             } catch (const fetch_without_copy&) {
                 direct_again = true;  // nothing of it was delivered yet: again, without a copy
                 copy.reset();
