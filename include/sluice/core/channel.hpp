@@ -120,7 +120,7 @@ template <class T>
 class channel {
 public:
     explicit channel(channel_limits limits = {})
-        : limits_{limits.items ? limits.items : 1, limits.bytes}, ring_(limits_.items) {}
+        : limits_{limits.items ? limits.items : 1, limits.bytes}, items_(limits_.items), ring_(items_) {}
     channel(const channel&) = delete;
     channel& operator=(const channel&) = delete;
 
@@ -233,7 +233,26 @@ public:
         std::lock_guard lock(m_);
         return bytes_;
     }
-    channel_limits limits() const noexcept { return limits_; }
+    channel_limits limits() const {
+        std::lock_guard lock(m_);
+        return {items_, limits_.bytes};
+    }
+
+    /// How many items it holds at most from now on (the tuner's, while it runs; the byte
+    /// limit stays). Raising it admits waiting senders at once; lowering it drops nothing,
+    /// it takes effect as items leave.
+    void set_items(std::size_t n) {
+        std::lock_guard lock(m_);
+        n = std::max<std::size_t>(n, 1);
+        if (n > ring_.size()) {
+            std::vector<std::optional<T>> bigger(n);
+            for (std::size_t i = 0; i < count_; ++i) bigger[i] = std::move(ring_[(head_ + i) % ring_.size()]);
+            ring_ = std::move(bigger);
+            head_ = 0;
+        }
+        items_ = n;
+        admit_senders();
+    }
 
 private:
     std::optional<T> receive_blocking_until(std::optional<std::chrono::steady_clock::time_point> deadline,
@@ -271,7 +290,7 @@ private:
 
     std::size_t weigh(const T& v) const { return limits_.bytes ? byte_size_of(v) : 0; }
     bool has_room(std::size_t w) const noexcept {
-        return count_ < limits_.items &&
+        return count_ < items_ &&
                (limits_.bytes == 0 || count_ == 0 || bytes_ + w <= limits_.bytes);
     }
     void push_locked(T&& v, std::size_t w) {
@@ -439,7 +458,8 @@ public:
 
 private:
     mutable std::mutex m_;
-    const channel_limits limits_;
+    const channel_limits limits_;  // .items: the start; items_ is the capacity now
+    std::size_t items_;
     std::vector<std::optional<T>> ring_;
     std::size_t head_ = 0;
     std::size_t count_ = 0;

@@ -487,10 +487,6 @@ private:
         std::vector<channel_limits> limits;
         for (auto& l : links) limits.push_back(l->opts.out);
         if (opts_.memory) divide_budget(*r, limits);
-        if (opts_.tune && !r->knobs.empty()) {
-            r->climb = std::make_unique<detail::hill_climb>(r->knobs, opts_.memory);
-            r->climb->begin(0);
-        }
         void* prev = nullptr;
         const bool traced = !opts_.trace.empty();
         std::size_t spans_each = detail::span_log::default_max;
@@ -515,6 +511,31 @@ private:
             r->stats.push_back(std::make_unique<stage_stats>(l->name, std::max(1u, l->opts.concurrency),
                                                              l->counts_records, traced, spans_each));
             r->channels.push_back(out);
+            // Tuned, a channel whose bytes are bounded (every channel under a memory budget)
+            // offers its item capacity, from what it was given up to 16 times that: where
+            // work comes in bursts more room lets both ends keep working. Its byte budget
+            // stays, so this costs no memory past it; a channel bounded by items alone is
+            // not offered (more items could hold any number of bytes).
+            if (opts_.tune && limits[i].bytes && limits[i].items) {
+                auto cap = l->capacity(out);
+                const auto given = static_cast<unsigned>(std::min<std::size_t>(limits[i].items, 1u << 16));
+                r->knobs.push_back({.stage = l->name,
+                                    .name = "out.items",
+                                    .min = given,
+                                    .max = given * 16,
+                                    .start = given,
+                                    .bytes_each = 0,
+                                    .bytes_now = nullptr,
+                                    .get = [g = cap.first] { return static_cast<unsigned>(g()); },
+                                    .set = [s = cap.second](unsigned n) { s(n); },
+                                    .pressure = nullptr,
+                                    .at = i,
+                                    .channel = true});
+            }
+        }
+        if (opts_.tune && !r->knobs.empty()) {
+            r->climb = std::make_unique<detail::hill_climb>(r->knobs, opts_.memory);
+            r->climb->begin(0);
         }
         for (std::size_t i = 0; i < src_.links().size(); ++i) {
             src_.links()[i]->start(r->env, prev, r->channels[i].get(), *r->stats[i],

@@ -342,6 +342,9 @@ struct link {
     /// Its output channel, with `limits` (the stage's `.out`, or the memory budget's share).
     virtual std::shared_ptr<void> make_output(channel_limits limits) const = 0;
     virtual std::function<void()> canceller(const std::shared_ptr<void>& out) const = 0;
+    /// Its output channel's item capacity, to read and to set (the tuner's).
+    virtual std::pair<std::function<std::size_t()>, std::function<void(std::size_t)>> capacity(
+        const std::shared_ptr<void>& out) const = 0;
     /// Optional; see stage_setup.
     std::function<void(stage_setup&)> setup;
     /// `gate`: when the tuner moves how many workers work (gated links only), else null.
@@ -359,6 +362,12 @@ struct link_impl final : link {
     }
     std::function<void()> canceller(const std::shared_ptr<void>& out) const override {
         return [ch = static_cast<channel<Out>*>(out.get())] { ch->cancel(); };
+    }
+    std::pair<std::function<std::size_t()>, std::function<void(std::size_t)>> capacity(
+        const std::shared_ptr<void>& out) const override {
+        std::weak_ptr<channel<Out>> w = std::static_pointer_cast<channel<Out>>(out);
+        return {[w] { auto ch = w.lock(); return ch ? ch->limits().items : std::size_t{0}; },
+                [w](std::size_t n) { if (auto ch = w.lock()) ch->set_items(n); }};
     }
     void start(run_env& env, void* in, void* out, stage_stats& st, std::shared_ptr<buffer_source> memory,
                std::shared_ptr<void> setup_state, worker_gate* gate) const override {

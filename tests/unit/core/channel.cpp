@@ -92,6 +92,39 @@ TEST_CASE("send suspends while the channel is full in items", "[channel]") {
     r.wait();
 }
 
+TEST_CASE("a channel's item capacity changes while it is used: more admits waiting senders, less drops nothing",
+          "[channel]") {
+    runner r;
+    channel<int> ch({2, 0});
+    std::atomic<int> sent{0};
+    r.go([](channel<int>& ch, std::atomic<int>& sent) -> task<void> {
+        for (int i = 0; i < 12; ++i) {
+            sluice_test::must(co_await ch.send(i));
+            ++sent;
+        }
+        ch.close();
+    }(ch, sent));
+    for (int i = 0; i < 200 && sent.load() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    REQUIRE(ch.receive_blocking() == 0);  // the ring's head moves: the items wrap around when it grows
+    for (int i = 0; i < 200 && sent.load() < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    CHECK(sent.load() == 3);
+    ch.set_items(8);  // the waiting sender goes in, and the ones after it
+    for (int i = 0; i < 200 && sent.load() < 9; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    CHECK(sent.load() == 9);
+    CHECK(ch.size() == 8);
+    CHECK(ch.limits().items == 8);
+    ch.set_items(3);  // below what it holds: nothing goes, no room until it drains under 3
+    CHECK(ch.size() == 8);
+    for (int i = 1; i <= 5; ++i) REQUIRE(ch.receive_blocking() == i);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    CHECK(sent.load() == 9);  // 3 held: still full
+    for (int i = 6; i < 12; ++i) REQUIRE(ch.receive_blocking() == i);
+    REQUIRE_FALSE(ch.receive_blocking());
+    r.wait();
+}
+
 TEST_CASE("a byte budget bounds the channel, and one oversized item still passes", "[channel]") {
     channel<std::string> ch({100, 10});
     REQUIRE(ch.send_blocking(std::string(6, 'a')));

@@ -141,6 +141,73 @@ TEST_CASE("a knob that starts at its floor (fetch's part size) settles there whe
     CHECK(climb2.settings()[0].settled);
 }
 
+namespace {
+// A producer and a consumer that work in bursts out of step: with `room` items between
+// them both wait on each other, less as the room grows, up to `enough`.
+struct bursts {
+    unsigned room = 4, enough = 32;
+    bool bursty = true;  // false: the consumer is a steady bottleneck, the producer only waits
+    double items = 0, now = 0, in_wait = 0, out_wait = 0, busy = 0;
+    sluice::detail::knob knob() {
+        return {.stage = "map", .name = "out.items", .min = 4, .max = 64, .start = 4, .bytes_each = 0, .bytes_now = nullptr,
+                .get = [this] { return room; }, .set = [this](unsigned v) { room = v; }, .pressure = nullptr, .at = 0,
+                .channel = true};
+    }
+    sluice::pipeline_figures window() {
+        now += 0.5;
+        const double share = bursty ? 0.5 * (1.0 - double(std::min(room, enough)) / (2.0 * enough)) : 0.0;
+        items += 0.5 * 1000 * (bursty ? 1.0 - share : 1.0);
+        out_wait += 0.5 * (bursty ? share : 0.5);  // the producer waits for room
+        in_wait += 0.5 * share;                     // the consumer waits for input (never when steady)
+        busy += 0.5 * (1.0 - share);
+        sluice::pipeline_figures f;
+        f.seconds = now;
+        f.stages.push_back({.name = "map", .workers = 1, .items_out = std::uint64_t(items), .busy_s = busy / 2,
+                            .wait_output_s = out_wait, .counts_records = true, .counters = {}, .notes = {}});
+        f.stages.push_back({.name = "consumer", .workers = 1, .items_in = std::uint64_t(items), .busy_s = busy,
+                            .wait_input_s = in_wait, .counters = {}, .notes = {}});
+        return f;
+    }
+};
+}  // namespace
+
+TEST_CASE("a channel's capacity climbs where both its ends wait on each other, and only there", "[tune]") {
+    bursts b;
+    sluice::detail::hill_climb climb({b.knob()}, 0);
+    climb.begin(0);
+    for (int i = 0; i < 30; ++i) climb.step(b.window(), b.now);
+    std::string text;
+    for (auto& c : climb.log()) text += std::to_string(c.from) + " -> " + std::to_string(c.to) + ": " + c.why + "\n";
+    INFO(text);
+    // 4 -> 64 (its ceiling) paid; 64 -> 32 cost nothing; 32 -> 16 cost 17 %: back to 32, settled.
+    CHECK(b.room == 32);
+    CHECK(climb.settings()[0].settled);
+    REQUIRE(climb.log().size() == 3);
+    CHECK((climb.log()[0].from == 4 && climb.log()[0].to == 64));
+    CHECK(climb.log().back().why.find("halving to 16 gave -17 %, kept 32") != std::string::npos);
+
+    // Where the jump does not pay (the room was enough already), it goes back.
+    bursts enough;
+    enough.enough = 4;
+    sluice::detail::hill_climb back({enough.knob()}, 0);
+    back.begin(0);
+    for (int i = 0; i < 30; ++i) back.step(enough.window(), enough.now);
+    CHECK(enough.room == 4);
+    CHECK(back.settings().empty());  // at the capacity given: nothing to pin
+    REQUIRE(back.log().size() == 1);
+    CHECK(back.log()[0].why.find("settled: room for 64 gave +0 %, kept 4") != std::string::npos);
+
+    // A steady bottleneck downstream: the producer waits for room, the consumer never for
+    // input. More room would only fill up: the capacity stays where it was given.
+    bursts steady;
+    steady.bursty = false;
+    sluice::detail::hill_climb still({steady.knob()}, 0);
+    still.begin(0);
+    for (int i = 0; i < 30; ++i) still.step(steady.window(), steady.now);
+    CHECK(steady.room == 4);
+    CHECK(still.log().empty());
+}
+
 // The worker gate (core/detail/worker_gate.hpp) in a running pipeline: how many of a
 // map's workers work is the tuner's, from 1 up to its .concurrency, without changing
 // what arrives or in which order, and a gated worker never holds up the end, an error or
@@ -204,6 +271,43 @@ TEST_CASE("tuned, a map's workers start at one and the tuner climbs them while i
     for (auto& c : f.tuning) one_to_two = one_to_two || (c.stage == "map" && c.from == 1 && c.to == 2);
     CHECK(one_to_two);
     CHECK(f.table().find("map.concurrency = 4") != std::string::npos);
+}
+
+TEST_CASE("tuned, a channel between stages that work in bursts gets more room, the items unchanged", "[tune]") {
+    // The map rests 10 ms before every 32nd item, the consumer after every 32nd (half a
+    // burst later): with room for 1 between them each waits through the other's rest; with
+    // room for a half burst they rest at the same time, about twice the rate. The
+    // channel's bytes are bounded, so it is offered.
+    auto bursty = sluice::map([](int x) {
+        if (x % 32 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        return x;
+    }, {.out = {1, 1u << 20}});
+    sluice::pipeline p(sluice::from(iota(100000)) | bursty, {.tune = true});
+    std::vector<int> got;
+    const auto t0 = clock_type::now();
+    for (int x : p) {
+        got.push_back(x);
+        if (x % 32 == 16) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        if (clock_type::now() - t0 > std::chrono::seconds(3)) break;
+    }
+    p.stop();
+    REQUIRE(got.size() > 100);
+    const auto all = iota(100000);
+    CHECK(got == std::vector<int>(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(got.size())));  // in order, none lost
+    const auto f = p.figures();
+    std::string text;
+    for (auto& c : f.tuning)
+        text += c.stage + "." + c.knob + " " + std::to_string(c.from) + " -> " + std::to_string(c.to) + ": " + c.why + "\n";
+    INFO(text);
+    INFO(f.table());
+    bool raised = false;
+    for (auto& c : f.tuning)
+        raised = raised || (c.stage == "map" && c.knob == "out.items" && c.from == 1 && c.to == 16 && c.why.find("rate") == 0);
+    CHECK(raised);  // 1 -> 16 (its ceiling) paid
+    bool listed = false;
+    for (auto& s : f.tuned) listed = listed || (s.stage == "map" && s.knob == "out.items" && s.value >= 4);
+    CHECK(listed);
+    CHECK(f.table().find("map.out.items = ") != std::string::npos);  // to pin
 }
 
 TEST_CASE("gated workers end with the input, with an error, and with a stop", "[tune]") {

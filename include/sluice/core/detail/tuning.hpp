@@ -17,6 +17,13 @@
 // budget (pipeline_options::memory) caps a knob at what its share of the budget holds:
 // at the start by the worst case (bytes_each a unit), while it climbs by what a unit is
 // measured to hold (fetch: three chunks, or three objects when objects are smaller).
+// A channel's item capacity is a knob of its own kind (knob::channel): it is tried in a
+// window where both its ends waited on each other (the producer for room, the consumer
+// for input, each a tenth of the window or more), which is what too little room between
+// bursty stages looks like; a steady bottleneck makes one end wait, not both. Room helps
+// in steps (once a burst fits), so a channel does not double: it jumps from the capacity
+// given (its floor) to its ceiling, and when that paid 5 % it halves back while halving
+// costs under 5 % of the best rate, then settles; when the jump did not pay it goes back.
 // The tuner changes how fast, never what: settings that change how many work at once
 // keep the stages' order (ordered stages restore input order whatever their workers do).
 
@@ -46,6 +53,11 @@ struct knob {
     /// The stage's place in pipeline_figures::stages (set by the pipeline; two stages may
     /// share a name); npos: found by name.
     std::size_t at = static_cast<std::size_t>(-1);
+    /// A channel's item capacity (the output of the stage at `at`), not a stage's setting:
+    /// tried when both its ends waited on each other in the window (the stage at `at` for
+    /// room, the one after it for input, each for a tenth of the window or more: work that
+    /// comes in bursts), not when its stage is the bottleneck.
+    bool channel = false;
 };
 
 /// The most units of `k` its share of `memory` holds (its share: a quarter of the budget
@@ -117,6 +129,10 @@ public:
             } else if (!st.down && st.rate_before > 0 && rate >= 1.05 * st.rate_before) {
                 log(now, k, st.from, cur, "rate " + rate_text(st.rate_before) + " -> " + rate_text(rate));
                 st.climbed = true;
+                if (k.channel) {  // the jump to the top paid: now come down while it costs under 5 %
+                    st.down = true;
+                    st.best = std::max(st.best, rate);
+                }
                 break;  // paid: on to the climb below, from this window's rate
             } else if (st.down && rate >= 0.95 * st.best) {
                 // Halving cost less than 5 % of the best seen (or gained): fewer is as good.
@@ -132,7 +148,7 @@ public:
             } else {
                 k.set(st.from);
                 settle(now, k, st, st.from,
-                       std::string(st.down ? "halving to " : "doubling to ") + std::to_string(cur) + " gave " +
+                       std::string(st.down ? "halving to " : k.channel ? "room for " : "doubling to ") + std::to_string(cur) + " gave " +
                            percent(rate, st.down ? st.best : st.rate_before) + ", kept " + std::to_string(st.from));
             }
             return;  // judged; the next change waits for the next window
@@ -147,8 +163,10 @@ public:
                 continue;
             }
             st.rate_before = rate;
-            // Climb only the stage that limited the rate in this window.
-            if (!is(k, held, f)) continue;
+            // Climb only the stage that limited the rate in this window; a channel, only
+            // where its ends took turns waiting on each other.
+            // A channel coming down from its jump needs no bursts to be tried.
+            if (k.channel ? !(st.down || bursty(k, dt)) : !is(k, held, f)) continue;
             const unsigned top = ceiling(k);
             if (st.down) {  // going down: halve while it costs under 5 %
                 if (cur <= k.min) {
@@ -166,7 +184,9 @@ public:
             }
             st.from = cur;
             st.trying = true;
-            k.set(std::min(top, std::max(cur + 1, cur * 2)));
+            // A channel jumps to its ceiling (room helps bursts in steps, not smoothly: the
+            // gain comes once a burst fits), then comes down while that costs under 5 %.
+            k.set(k.channel ? top : std::min(top, std::max(cur + 1, cur * 2)));
             return;  // one change per window: its effect is measured alone
         }
     }
@@ -175,8 +195,12 @@ public:
     /// The settings now, to pin: {"fetch.concurrency", 32}.
     std::vector<tuned_setting> settings() const {
         std::vector<tuned_setting> out;
-        for (std::size_t i = 0; i < knobs_.size(); ++i)
-            out.push_back({knobs_[i].stage, knobs_[i].name, knobs_[i].get(), states_[i].settled});
+        for (std::size_t i = 0; i < knobs_.size(); ++i) {
+            const unsigned v = knobs_[i].get();
+            // A channel still at the capacity it was given needs no pin: left out.
+            if (knobs_[i].channel && v == knobs_[i].start) continue;
+            out.push_back({knobs_[i].stage, knobs_[i].name, v, states_[i].settled});
+        }
         return out;
     }
 
@@ -225,12 +249,18 @@ private:
     std::size_t window_bottleneck(const pipeline_figures& f) {
         std::size_t best = static_cast<std::size_t>(-1);
         double most = -1;
-        std::vector<double> busy;
+        std::vector<double> busy, in, out;
+        wait_in_.assign(f.stages.size(), 0);
+        wait_out_.assign(f.stages.size(), 0);
         for (std::size_t i = 0; i < f.stages.size(); ++i) {
             const auto& s = f.stages[i];
             busy.push_back(s.busy_s);
+            in.push_back(s.wait_input_s);
+            out.push_back(s.wait_output_s);
             // Per working worker: a tuned stage's idle ones wait at its gate.
             const unsigned n = s.active ? s.active : s.workers;
+            wait_in_[i] = (s.wait_input_s - (i < last_in_.size() ? last_in_[i] : 0.0)) / (n ? n : 1);
+            wait_out_[i] = (s.wait_output_s - (i < last_out_.size() ? last_out_[i] : 0.0)) / (n ? n : 1);
             const double gained = (s.busy_s - (i < last_busy_.size() ? last_busy_[i] : 0.0)) / (n ? n : 1);
             if (gained > most) {
                 most = gained;
@@ -238,7 +268,15 @@ private:
             }
         }
         last_busy_ = std::move(busy);
+        last_in_ = std::move(in);
+        last_out_ = std::move(out);
         return best;
+    }
+    // Whether the channel of `k` had both ends waiting on each other in the last window.
+    bool bursty(const knob& k, double dt) const {
+        const std::size_t i = k.at;
+        if (i == static_cast<std::size_t>(-1) || i + 1 >= wait_in_.size()) return false;
+        return wait_out_[i] >= 0.1 * dt && wait_in_[i + 1] >= 0.1 * dt;
     }
     void settle(double now, knob& k, state& st, unsigned at, const std::string& why) {
         st.settled = true;
@@ -254,7 +292,8 @@ private:
     std::vector<tuning_change> log_;
     double last_now_ = -1, last_amount_ = 0;
     bool in_bytes_ = true;
-    std::vector<double> last_busy_;
+    std::vector<double> last_busy_, last_in_, last_out_;
+    std::vector<double> wait_in_, wait_out_;  // the last window's waits, per working worker
 };
 
 }  // namespace sluice::detail
