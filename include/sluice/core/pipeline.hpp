@@ -313,6 +313,7 @@ private:
         std::vector<detail::knob> knobs;                     // what the stages offer the tuner
         std::vector<std::shared_ptr<detail::worker_gate>> gates;  // per link: its workers' gate when tuned
         std::uint64_t fixed_bytes = 0;                       // what stages hold whatever the budget
+        std::vector<detail::budget_share> shares;            // what stages size while they run
         std::vector<std::pair<std::string, std::uint64_t>> budget;  // its division, for the figures
         std::unique_ptr<detail::hill_climb> climb;           // under climb_m
         mutable std::mutex climb_m;
@@ -401,7 +402,8 @@ private:
     // The memory budget (pipeline_options::memory), divided before anything runs: an
     // eighth to the buffer pool's cache (set with the runtime), what stages hold whatever
     // the budget says (a shuffle's max_bytes) first, a quarter shared by the settings whose
-    // units hold memory (fetch's requests in flight, capped), and the rest in equal shares
+    // units hold memory (fetch's requests in flight, capped) and the stages that size
+    // theirs while they run (to_device's ring), and the rest in equal shares
     // to every channel's byte budget (a channel's own smaller budget stays). Floors (1 MiB
     // a channel, a setting's minimum) can overshoot a tiny budget: the figures say so.
     void divide_budget(running& r, std::vector<channel_limits>& limits) const {
@@ -413,7 +415,13 @@ private:
         b.push_back({"buffer pool cache", pool});
         std::uint64_t spent = add(pool, r.fixed_bytes);
         if (r.fixed_bytes) b.push_back({"held by stages whatever the budget (a shuffle's max_bytes)", r.fixed_bytes});
-        const std::size_t n = detail::memory_knobs(r.knobs);
+        const std::size_t n = detail::memory_knobs(r.knobs) + r.shares.size();
+        for (auto& sh : r.shares) {
+            const std::uint64_t part = M / 4 / n;
+            sh.give(part);
+            spent = add(spent, part);
+            b.push_back({sh.what, part});
+        }
         for (auto& k : r.knobs) {
             if (!k.bytes_each) continue;
             // Untuned, a setting stays within its share at the worst case; the tuner may go
@@ -454,6 +462,7 @@ private:
             s.internal.at = i;
             if (opts_.tune || opts_.memory) s.internal.knobs = &r->knobs;
             if (opts_.memory) s.internal.fixed_bytes = &r->fixed_bytes;
+            if (opts_.memory) s.internal.shares = &r->shares;
             const std::size_t knobs_before = r->knobs.size();
             links[i]->setup(s);
             for (std::size_t k = knobs_before; k < r->knobs.size(); ++k) r->knobs[k].at = i;  // its stage in the figures
@@ -534,7 +543,7 @@ private:
             }
         }
         if (opts_.tune && !r->knobs.empty()) {
-            r->climb = std::make_unique<detail::hill_climb>(r->knobs, opts_.memory);
+            r->climb = std::make_unique<detail::hill_climb>(r->knobs, opts_.memory, r->shares.size());
             r->climb->begin(0);
         }
         for (std::size_t i = 0; i < src_.links().size(); ++i) {

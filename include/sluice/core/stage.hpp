@@ -198,6 +198,13 @@ struct context_internal {
 };
 /// The library's plumbing in a stage's setup.
 struct knob;  // core/detail/tuning.hpp
+/// A share of the memory budget for memory a stage sizes only while it runs (to_device:
+/// ring batches of pinned staging memory, whose bytes come with the batches).
+struct budget_share {
+    std::string what;  // for the budget's lines in the figures
+    std::function<void(std::uint64_t)> give;  // called with its bytes before anything runs
+};
+
 struct setup_internal {
     /// The memory the previous stage should allocate its outputs from (null for the
     /// first stage); a setup may set it (to_device asks for its engine's staging memory).
@@ -221,6 +228,9 @@ struct setup_internal {
     /// max_bytes: its buffer decides the order, so the budget cannot shrink it); null
     /// without a budget.
     std::uint64_t* fixed_bytes = nullptr;
+    /// Where a stage asks for a share of the memory budget, equal to a tuner setting's
+    /// (see budget_share); null without a budget.
+    std::vector<budget_share>* shares = nullptr;
 };
 }  // namespace detail
 

@@ -26,6 +26,7 @@
 #include <sluice/cuda/engine.hpp>
 #include <sluice/ops/batch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -117,6 +118,17 @@ struct device_ring : std::enable_shared_from_this<device_ring> {
     // their limits means every batch is beyond the stage.
     std::atomic<unsigned> leased{0};
     std::atomic<bool> waiting{false};
+    // Under a memory budget (pipeline_options::memory): the bytes of pinned staging memory
+    // its batches may hold (0: none), and how many slots that allows now.
+    std::uint64_t allowance = 0;
+    std::atomic<unsigned> limit{0};
+    /// Slots that batches of `bytes` may use: the ring, or as many as the allowance holds,
+    /// never fewer than two (a trainer keeping one batch while it asks for the next).
+    unsigned allowed(std::size_t bytes) const {
+        const auto n = static_cast<unsigned>(slots.size());
+        if (!allowance || !bytes) return n;
+        return static_cast<unsigned>(std::clamp<std::uint64_t>(allowance / bytes, std::min(2u, n), n));
+    }
 };
 
 /// A taken slot; the last reference (batch or DLPack tensor) gives it back.
@@ -221,18 +233,31 @@ stage<host_batch, device_batch> to_device(to_device_options o, std::shared_ptr<c
         if (s.internal.upstream_memory) *s.internal.upstream_memory = engine->staging();
         auto ring = std::make_shared<detail::device_ring>(engine, n);
         ring->memory = engine->destination();
+        ring->limit = n;
         s.on_stop.push_back([r = ring.get()] { r->free.cancel(); });
+        // The ring's host batches (pinned staging memory) take a share of the memory
+        // budget: as many slots work as that share holds batches, at least two.
+        if (s.internal.shares)
+            s.internal.shares->push_back({"to_device: ring of " + std::to_string(n) +
+                                              " batches of pinned staging memory, as many as fit (at least 2)",
+                                          [r = ring.get()](std::uint64_t b) { r->allowance = b; }});
         // The consumer holds every slot and asks for another: nothing can ever come.
         s.internal.consumer_wait_check = [r = std::weak_ptr<detail::device_ring>(ring), n,
                                  what = engine->describe()]() -> std::string {
             auto ring = r.lock();  // a stop on another thread may be freeing it
             if (!ring) return {};
-            if (!ring->waiting.load(std::memory_order_acquire) || ring->leased.load(std::memory_order_acquire) < n)
+            const unsigned k = ring->limit.load(std::memory_order_acquire);
+            if (!ring->waiting.load(std::memory_order_acquire) || ring->leased.load(std::memory_order_acquire) < k)
                 return {};
-            return "sluice: to_device on " + what + ": the consumer holds all " + std::to_string(n) +
-                   " ring batches and asks for another, which cannot come until one is released: release a "
+            const std::string budget =
+                k < n ? " (the memory budget's share for the ring holds " + std::to_string(k) + " of these batches; ring " +
+                            std::to_string(n) + ")"
+                      : "";
+            return "sluice: to_device on " + what + ": the consumer holds all " + std::to_string(k) +
+                   " ring batches" + budget + " and asks for another, which cannot come until one is released: release a "
                    "batch (destroy it, or release()) before taking the next, or build the stage with "
-                   "to_device({.ring = N}) for N above the batches you keep (keeping k batches: ring >= k + 1)";
+                   "to_device({.ring = N}) for N above the batches you keep (keeping k batches: ring >= k + 1)" +
+                   (k < n ? " and give pipeline_options::memory room for them" : "");
         };
         return ring;
     };
@@ -243,9 +268,28 @@ stage<host_batch, device_batch> to_device(to_device_options o, std::shared_ptr<c
         // Batches not in the engine's staging memory (a stage between batch and
         // to_device made new ones): copied all the same, from pageable memory (slower).
         auto& unstaged = ctx.stats.counter("unstaged");
+        // Under a memory budget, slots past what its share holds of batches this size wait
+        // here, their host batches let go; they come back when batches get smaller.
+        std::vector<detail::device_slot*> parked;
+        const auto n = static_cast<unsigned>(ring->slots.size());
         while (auto hb = co_await ctx.in.next()) {
+            const unsigned allowed = ring->allowed(hb->byte_size());
+            ring->limit.store(allowed, std::memory_order_release);
+            while (!parked.empty() && n - parked.size() < allowed) {
+                ring->free.send_blocking(parked.back());  // never blocks: room for all n
+                parked.pop_back();
+            }
             ring->waiting.store(true, std::memory_order_release);
             auto got = co_await ring->free.receive(w.output_meter());  // a free slot
+            while (got && n - parked.size() > allowed) {  // one slot too many at work: set aside
+                detail::device_slot* aside = *got;
+                if (aside->host.data.data()) {  // its last copy must be done before its batch goes
+                    aside->copied->synchronize();
+                    aside->host = {};
+                }
+                parked.push_back(aside);
+                got = co_await ring->free.receive(w.output_meter());
+            }
             ring->waiting.store(false, std::memory_order_release);
             if (!got) throw detail::stopped{};
             detail::device_slot* s = *got;

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <tuple>
 
 using namespace std::chrono_literals;
 
@@ -424,6 +425,49 @@ TEST_CASE("holding every ring batch and asking for another is an error naming th
     REQUIRE(fourth);
     fourth->synchronize();
     REQUIRE(device_text(*fourth, 0) == record_text(15));
+}
+
+TEST_CASE("under a memory budget the ring holds as many batches as its share does, at least two", "[to_device][budget]") {
+    // 16 MiB: a quarter goes to settings and to the ring (the only taker here): 4 MiB, which
+    // holds two batches of 64 records of about 25 KiB (1.6 MiB) of a ring of 5.
+    auto eng = std::make_shared<sluice::host_engine>();
+    auto run = [&](std::uint64_t memory) {
+        sluice::pipeline p(sluice::from(make_records(640, 25000)) | sluice::batch({.size = 64}) |
+                               sluice::to_device({.ring = 5}, eng),
+                           {.memory = memory});
+        std::vector<sluice::device_batch> held;
+        std::string what;
+        try {
+            for (int i = 0; i < 6; ++i) held.push_back(*p.next_blocking());
+        } catch (const sluice::error& e) {
+            what = e.what();
+        }
+        std::string budget;
+        for (auto& [line, bytes] : p.figures().budget) budget += line + " " + std::to_string(bytes) + "\n";
+        return std::tuple{held.size(), what, budget};
+    };
+    auto [kept, what, budget] = run(16u << 20);
+    INFO(budget);
+    CHECK(kept == 2);
+    CHECK(what.find("holds all 2 ring batches (the memory budget's share for the ring holds 2 of these batches; ring 5)") !=
+          std::string::npos);
+    CHECK(what.find("pipeline_options::memory") != std::string::npos);
+    CHECK(budget.find("to_device: ring of 5 batches of pinned staging memory") != std::string::npos);
+    CHECK(budget.find("4194304") != std::string::npos);
+    // A budget that holds them all, and none: the ring's five.
+    CHECK(std::get<0>(run(std::uint64_t{1} << 30)) == 5);
+    CHECK(std::get<0>(run(0)) == 5);
+
+    // Every record arrives, in order, through the budgeted ring (batches let go at once).
+    sluice::pipeline p(sluice::from(make_records(640, 25000)) | sluice::batch({.size = 64}) |
+                           sluice::to_device({.ring = 5}, eng),
+                       {.memory = 16u << 20});
+    std::size_t next = 0;
+    for (auto& b : p) {
+        b.synchronize();
+        for (std::size_t i = 0; i < b.size(); ++i, ++next) REQUIRE(device_text(b, i) == record_text(next, 25000));
+    }
+    CHECK(next == 640);
 }
 
 TEST_CASE("a batch released from another thread is not mistaken for a deadlock", "[to_device]") {

@@ -78,8 +78,9 @@ class hill_climb {
 public:
     /// `memory`: the budget in bytes (0: none); the knobs whose units hold memory share a
     /// quarter of it (see memory_cap).
-    hill_climb(std::vector<knob> knobs, std::uint64_t memory)
-        : knobs_(std::move(knobs)), memory_(memory), memory_knobs_(memory_knobs(knobs_)) {
+    /// `shares`: other takers of that quarter (detail::budget_share, to_device's ring).
+    hill_climb(std::vector<knob> knobs, std::uint64_t memory, std::size_t shares = 0)
+        : knobs_(std::move(knobs)), memory_(memory), memory_knobs_(memory_knobs(knobs_) + shares) {
         for (auto& k : knobs_) {
             // Start within the worst case's share (each unit at bytes_each); the climb may
             // go past it as far as what units are measured to hold allows.
