@@ -52,6 +52,12 @@ std::size_t byte_size_of(const T& v) {
         return 0;
 }
 
+/// Whether byte_size_of counts T's bytes (else a byte limit cannot bound a channel of T).
+template <class T>
+inline constexpr bool weighs_bytes = requires(const T& v) {
+    { v.byte_size() } -> std::convertible_to<std::size_t>;
+} || std::is_same_v<T, std::string>;
+
 /// Capacity of a channel: at most `items` items and, when `bytes` is non-zero, at most
 /// `bytes` bytes (as counted by byte_size_of).
 struct channel_limits {

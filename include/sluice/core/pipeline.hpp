@@ -520,14 +520,17 @@ private:
             r->stats.push_back(std::make_unique<stage_stats>(l->name, std::max(1u, l->opts.concurrency),
                                                              l->counts_records, traced, spans_each));
             r->channels.push_back(out);
-            // Tuned, a channel whose bytes are bounded (every channel under a memory budget)
-            // offers its item capacity, from what it was given up to 16 times that: where
-            // work comes in bursts more room lets both ends keep working. Its byte budget
-            // stays, so this costs no memory past it; a channel bounded by items alone is
-            // not offered (more items could hold any number of bytes).
-            if (opts_.tune && limits[i].bytes && limits[i].items) {
-                auto cap = l->capacity(out);
-                const auto given = static_cast<unsigned>(std::min<std::size_t>(limits[i].items, 1u << 16));
+            // Tuned, a channel whose bytes are bounded (every channel under a memory budget,
+            // of items that say their bytes) offers its item capacity, from what it was
+            // given up to 16 times that: where work comes in bursts more room lets both
+            // ends keep working. Its byte budget stays, so this costs no memory past it; a
+            // channel bounded by items alone is not offered (more items could hold any
+            // number of bytes), nor one given more than 65,536 items.
+            auto cap = opts_.tune && limits[i].bytes && limits[i].items && limits[i].items <= (1u << 16)
+                           ? l->capacity(out)
+                           : decltype(l->capacity(out)){};
+            if (cap.first) {
+                const auto given = static_cast<unsigned>(limits[i].items);
                 r->knobs.push_back({.stage = l->name,
                                     .name = "out.items",
                                     .min = given,

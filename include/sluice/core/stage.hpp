@@ -352,7 +352,8 @@ struct link {
     /// Its output channel, with `limits` (the stage's `.out`, or the memory budget's share).
     virtual std::shared_ptr<void> make_output(channel_limits limits) const = 0;
     virtual std::function<void()> canceller(const std::shared_ptr<void>& out) const = 0;
-    /// Its output channel's item capacity, to read and to set (the tuner's).
+    /// Its output channel's item capacity, to read and to set (the tuner's); empty
+    /// functions when a byte limit cannot bound it (its items do not say their bytes).
     virtual std::pair<std::function<std::size_t()>, std::function<void(std::size_t)>> capacity(
         const std::shared_ptr<void>& out) const = 0;
     /// Optional; see stage_setup.
@@ -375,6 +376,7 @@ struct link_impl final : link {
     }
     std::pair<std::function<std::size_t()>, std::function<void(std::size_t)>> capacity(
         const std::shared_ptr<void>& out) const override {
+        if constexpr (!weighs_bytes<Out>) return {};
         std::weak_ptr<channel<Out>> w = std::static_pointer_cast<channel<Out>>(out);
         return {[w] { auto ch = w.lock(); return ch ? ch->limits().items : std::size_t{0}; },
                 [w](std::size_t n) { if (auto ch = w.lock()) ch->set_items(n); }};

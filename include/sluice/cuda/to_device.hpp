@@ -247,13 +247,13 @@ stage<host_batch, device_batch> to_device(to_device_options o, std::shared_ptr<c
             auto ring = r.lock();  // a stop on another thread may be freeing it
             if (!ring) return {};
             const unsigned k = ring->limit.load(std::memory_order_acquire);
-            if (!ring->waiting.load(std::memory_order_acquire) || ring->leased.load(std::memory_order_acquire) < k)
-                return {};
+            const unsigned held = ring->leased.load(std::memory_order_acquire);
+            if (!ring->waiting.load(std::memory_order_acquire) || held < k) return {};
             const std::string budget =
                 k < n ? " (the memory budget's share for the ring holds " + std::to_string(k) + " of these batches; ring " +
                             std::to_string(n) + ")"
                       : "";
-            return "sluice: to_device on " + what + ": the consumer holds all " + std::to_string(k) +
+            return "sluice: to_device on " + what + ": the consumer holds all " + std::to_string(held) +
                    " ring batches" + budget + " and asks for another, which cannot come until one is released: release a "
                    "batch (destroy it, or release()) before taking the next, or build the stage with "
                    "to_device({.ring = N}) for N above the batches you keep (keeping k batches: ring >= k + 1)" +

@@ -104,13 +104,13 @@ TEST_CASE("a channel's item capacity changes while it is used: more admits waiti
         }
         ch.close();
     }(ch, sent));
-    for (int i = 0; i < 200 && sent.load() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    for (int i = 0; i < 10000 && sent.load() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     REQUIRE(ch.receive_blocking() == 0);  // the ring's head moves: the items wrap around when it grows
-    for (int i = 0; i < 200 && sent.load() < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    for (int i = 0; i < 10000 && sent.load() < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     CHECK(sent.load() == 3);
     ch.set_items(8);  // the waiting sender goes in, and the ones after it
-    for (int i = 0; i < 200 && sent.load() < 9; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    for (int i = 0; i < 10000 && sent.load() < 9; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     CHECK(sent.load() == 9);
     CHECK(ch.size() == 8);

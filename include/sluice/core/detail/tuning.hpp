@@ -253,6 +253,7 @@ private:
         std::vector<double> busy, in, out;
         wait_in_.assign(f.stages.size(), 0);
         wait_out_.assign(f.stages.size(), 0);
+        gated_idle_.assign(f.stages.size(), false);
         for (std::size_t i = 0; i < f.stages.size(); ++i) {
             const auto& s = f.stages[i];
             busy.push_back(s.busy_s);
@@ -262,6 +263,7 @@ private:
             const unsigned n = s.active ? s.active : s.workers;
             wait_in_[i] = (s.wait_input_s - (i < last_in_.size() ? last_in_[i] : 0.0)) / (n ? n : 1);
             wait_out_[i] = (s.wait_output_s - (i < last_out_.size() ? last_out_[i] : 0.0)) / (n ? n : 1);
+            gated_idle_[i] = s.active && s.active < s.workers;
             const double gained = (s.busy_s - (i < last_busy_.size() ? last_busy_[i] : 0.0)) / (n ? n : 1);
             if (gained > most) {
                 most = gained;
@@ -274,9 +276,11 @@ private:
         return best;
     }
     // Whether the channel of `k` had both ends waiting on each other in the last window.
+    // A stage with workers idle at its gate counts their time there as waiting for input,
+    // which says nothing about the channel: not judged then.
     bool bursty(const knob& k, double dt) const {
         const std::size_t i = k.at;
-        if (i == static_cast<std::size_t>(-1) || i + 1 >= wait_in_.size()) return false;
+        if (i == static_cast<std::size_t>(-1) || i + 1 >= wait_in_.size() || gated_idle_[i + 1]) return false;
         return wait_out_[i] >= 0.1 * dt && wait_in_[i + 1] >= 0.1 * dt;
     }
     void settle(double now, knob& k, state& st, unsigned at, const std::string& why) {
@@ -295,6 +299,7 @@ private:
     bool in_bytes_ = true;
     std::vector<double> last_busy_, last_in_, last_out_;
     std::vector<double> wait_in_, wait_out_;  // the last window's waits, per working worker
+    std::vector<bool> gated_idle_;             // stages with workers idle at their gate
 };
 
 }  // namespace sluice::detail

@@ -717,6 +717,7 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                 if (delivered_all) {
                     for (auto& q : parts) {
                         curl_engine::detach(*q.t);
+                        eng->resume(q.t);  // paused (a server sending more): it ends now
                         release(q, true, false);
                     }
                     parts.clear();
