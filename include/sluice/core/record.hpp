@@ -68,6 +68,11 @@ struct record {
     std::uint64_t offset = 0;  // byte offset of the record within its shard
     /// The member's path inside an archive (tar); empty for other formats.
     std::string name = {};
+    /// Set only on the way from tfrecord() to the batch() that collates the record, where
+    /// nothing but shuffles lie between: the masked CRC-32C its data must have, checked by
+    /// batch as it copies the bytes, so they are read once (sluice::crc32c_copy). A user's
+    /// code never receives a record with it set: the parser then checks the data itself.
+    std::optional<std::uint32_t> unchecked_crc32c = std::nullopt;
     std::size_t byte_size() const noexcept { return data.size(); }
     /// "url#index": names the sample in messages and key lists.
     std::string key() const {

@@ -594,11 +594,12 @@ inline constexpr bool is_shared_ptr<std::shared_ptr<T>> = true;
 /// `task<void> body(ctx, S& state)`: every worker of the run gets the same S, which lives
 /// until the pipeline is gone.
 template <class In, class Out, class Setup, class Body>
-stage<In, Out> make_stage(std::string name, stage_options opts, Setup setup, Body body) {
+stage<In, Out> make_stage(std::string name, stage_options opts, Setup setup, Body body, bool counts_records = false) {
     using made = std::invoke_result_t<Setup&, stage_setup&>;
     auto l = std::make_shared<detail::link_impl<In, Out>>();
     l->name = std::move(name);
     l->opts = opts;
+    l->counts_records = counts_records;
     if constexpr (std::is_void_v<made>) {
         l->setup = std::move(setup);
         l->body = std::move(body);

@@ -454,6 +454,32 @@ inline bool records_held_after(run_state* run, std::size_t at) {
     return h->first_at != static_cast<std::size_t>(-1) && h->first_at > at;
 }
 
+/// Where a record's data checksum may wait for its collation: a batch() of records says
+/// at setup that it checks them as it copies (`checks`), a stage that passes records on
+/// whole and never checks them (a shuffle, batch's grouping) that it passes them; a format
+/// stage leaves its data checksum to collation only when every stage after it, up to one
+/// that checks, passes records on (any other stage, a user's map, reads the bytes and so
+/// gets them checked). Setups run last stage first, so a format's setup sees them all.
+struct record_checkers {
+    std::mutex m;
+    std::map<std::size_t, bool> at;  // place in the chain -> checks (true) or passes (false)
+};
+inline void note_record_checks(run_state* run, std::size_t at, bool checks) {
+    if (!run) return;
+    auto h = run->slot<record_checkers>("record_checkers");
+    std::lock_guard lock(h->m);
+    h->at[at] = checks;
+}
+/// Whether the records a stage at `at` gives reach, untouched, one that checks them.
+inline bool records_checked_after(run_state* run, std::size_t at) {
+    if (!run) return false;
+    auto h = run->slot<record_checkers>("record_checkers");
+    std::lock_guard lock(h->m);
+    for (auto it = h->at.find(at + 1); it != h->at.end() && it->first == ++at; ++it)
+        if (it->second) return true;
+    return false;
+}
+
 }  // namespace detail
 
 /// Merges the states saved by every rank of a world (pipeline::state(), one per rank,

@@ -208,6 +208,9 @@ struct format_defaults {
     compression gzip = compression::detect;
     channel_limits out = {1024, 64u << 20};
     bool webdataset = false;  // registers the "ignored" and "incomplete" counters
+    /// Its parser can leave its records' data checksums to the batch that collates them
+    /// (TFRecord; parse_policy::defer_data_crc): counted in "checks_deferred".
+    bool defers_data_crc = false;
 };
 
 /// A format stage: `make(policy)` gives the decoder (`void d(chunk&&, std::vector<Out>&)`,
@@ -267,11 +270,25 @@ stage<chunk, Out> detail::format_stage(std::string name, decode_options o, forma
     g.on_skip = o.on_skip;
     const std::string fmt = name;
     auto count = record_counter_for(fmt, o, gz);
+    // Records whose next reader is a batch that collates them (through a shuffle at most)
+    // may leave their data checksum to it (TFRecord: parse_policy::defer_data_crc).
+    struct format_run {
+        bool defer_data_crc = false;
+    };
+    auto setup = [defers = d.defers_data_crc && o.verify && o.on_corrupt == on_corrupt::error](stage_setup& s) {
+        auto st = std::make_shared<format_run>();
+        st->defer_data_crc = defers && records_checked_after(s.internal.run, s.internal.at);
+        return st;
+    };
     auto parse = make_stage<chunk, Out>(
-        std::move(name), {.on = pool::cpu, .out = out},
-        [o = std::move(o), d, make = std::move(make)](stage_context<chunk, Out>& ctx) {
+        std::move(name), {.on = pool::cpu, .out = out}, std::move(setup),
+        [o = std::move(o), d, make = std::move(make)](stage_context<chunk, Out>& ctx, format_run& run) {
             auto pol = policy_for(o, ctx.stats, ctx.rt);
             pol->verify = o.verify;
+            if (run.defer_data_crc) {
+                pol->defer_data_crc = true;
+                pol->deferred = &ctx.stats.counter("checks_deferred");
+            }
             pol->max_record_bytes = o.max_record_bytes;
             pol->held = {&ctx.stats.counter("held_bytes"), &ctx.stats.counter("held_bytes_peak")};
             if (d.webdataset) {

@@ -10,6 +10,13 @@ namespace sluice {
 /// length field starts). Both CRC32C checksums are checked unless `verify = false`
 /// (SSE4.2 where the CPU has it: bench/RESULTS.md). Records are slices of the chunk;
 /// only one cut by a chunk boundary is copied.
+/// Where its records go straight to batch() (through shuffles only) and corrupt input is
+/// an error, batch checks each record's data checksum as it copies the record into the
+/// batch, so the bytes are read once, not twice (the parser still checks the length's;
+/// "checks_deferred" in the stage's counters says how many it left). The error is the
+/// same, text, shard and offset, thrown by batch when the record's batch is made (or
+/// dropped, under drop_last). Gzip'd shards, any other stage after it (a map reads the
+/// bytes) or on_corrupt::skip: the parser checks.
 /// Backpressure: one record being assembled per shard plus the output channel.
 /// Errors: bad length or data checksum, a length over max_record_bytes, a truncated last
 /// record: a sluice::source_error naming the shard and byte offset, after every record
@@ -21,7 +28,7 @@ namespace sluice {
 /// Example: `sluice::list("train-*.tfrecord.gz") | sluice::plan() | sluice::read() | sluice::tfrecord()`
 template <class = void>  // compiled only where used (see make_stage)
 stage<chunk, record> tfrecord(decode_options o = {}) {
-    return detail::decoder<detail::tfrecord_parser, record>("tfrecord", std::move(o));
+    return detail::decoder<detail::tfrecord_parser, record>("tfrecord", std::move(o), {.defers_data_crc = true});
 }
 
 }  // namespace sluice

@@ -5,6 +5,7 @@
 #include <sluice/core/bytes.hpp>
 #include <sluice/core/record.hpp>
 #include <sluice/core/stage.hpp>
+#include <sluice/formats/crc32c.hpp>
 #include <sluice/ops/map.hpp>
 #include <sluice/ops/plan_link.hpp>
 
@@ -96,6 +97,22 @@ struct item_group {
     }
 };
 
+/// A TFRecord record whose data checksum was left to batch (record::unchecked_crc32c)
+/// and does not match `sum`: the parser's error, shard and offset.
+[[noreturn]] inline void bad_data_checksum(const record& r) {
+    throw source_error(r.source ? r.source->url : std::string("?"),
+                       "bad TFRecord data checksum (record " + std::to_string(r.index) + ") in", {}, r.offset);
+}
+/// Checks the records of a group batch drops (drop_last) that were left for it to check:
+/// a corrupt record is an error whether or not its batch is kept, as when the parser checks.
+template <class T>
+void check_dropped(const std::vector<T>& group) {
+    if constexpr (std::is_same_v<T, record>)
+        for (auto& r : group)
+            if (r.unchecked_crc32c && crc32c_mask(crc32c(r.data.data(), r.data.size())) != *r.unchecked_crc32c)
+                bad_data_checksum(r);
+}
+
 inline host_batch collate_records(std::vector<record>& rs, buffer_source& mem) {
     host_batch b;
     b.offsets.reserve(rs.size() + 1);
@@ -112,13 +129,17 @@ inline host_batch collate_records(std::vector<record>& rs, buffer_source& mem) {
     // Streaming stores pay off once the batch is well beyond the L2 cache.
     const bool stream = total >= (std::size_t{4} << 20);
     for (auto& r : rs) {
-        if (r.data.empty()) {
+        std::uint32_t sum = 0;
+        if (r.unchecked_crc32c) {  // TFRecord's data checksum, left here: summed as copied
+            sum = crc32c_copy(p, r.data.data(), r.data.size(), 0, stream && r.data.size() >= 4096);
+        } else if (r.data.empty()) {
         } else if (stream && r.data.size() >= 4096) {
             stream_copy(p, r.data.data(), r.data.size());
         } else {
             std::memcpy(p, r.data.data(), r.data.size());
         }
         if (r.data.lost()) throw_lost(r.data.file()->path(), r.data.file()->lost(), r.key());  // zeros copied
+        if (r.unchecked_crc32c && crc32c_mask(sum) != *r.unchecked_crc32c) bad_data_checksum(r);
         p += r.data.size();
         b.sources.push_back(std::move(r.source));
         b.indices.push_back(r.index);
@@ -214,6 +235,7 @@ task<void> batch_worker(stage_context<T, Out>& ctx, batch_options o, F collate) 
             while (!open.empty() && open.begin()->first < e) {
                 auto& [f, g] = *open.begin();
                 if (!g.group.empty() && !o.drop_last) co_await ctx.out.send(flush(f, g));
+                else check_dropped(g.group);
                 open.erase(open.begin());
             }
         auto& g = open[e];
@@ -225,11 +247,13 @@ task<void> batch_worker(stage_context<T, Out>& ctx, batch_options o, F collate) 
         }
         if (auto size = size_of(e); size && g.seen >= *size) {  // the epoch's last record
             if (!g.group.empty() && !o.drop_last) co_await ctx.out.send(flush(e, g));
+            else check_dropped(g.group);
             open.erase(e);
         }
     }
     for (auto& [e, g] : open)
         if (!g.group.empty() && !o.drop_last) co_await ctx.out.send(flush(e, g));
+        else check_dropped(g.group);
 }
 }  // namespace detail
 
@@ -238,8 +262,9 @@ namespace detail {
 /// gives the host_batch (its epoch and position are stamped here). One stage, or with
 /// concurrency above 1 a "group" stage and `concurrency` ordered "batch" workers. The
 /// memory: o.memory, else what the next stage asks for (to_device: its staging memory).
+/// `checks`: collate checks record::unchecked_crc32c, and says so at setup.
 template <class T, class C>
-stage<T, host_batch> collating_batch(batch_options o, C collate) {
+stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = false) {
     auto stamped = [collate](std::vector<T>& g, buffer_source& mem, std::uint32_t e, std::uint64_t pos) {
         host_batch b = collate(g, mem);
         b.epoch = e;
@@ -249,7 +274,14 @@ stage<T, host_batch> collating_batch(batch_options o, C collate) {
     if (o.concurrency > 1) {
         using G = item_group<T>;
         auto group = make_stage<T, G>(
-            "group", {.on = pool::cpu, .out = {2 * o.concurrency, 0}}, batch_setup<T>(o),
+            "group", {.on = pool::cpu, .out = {2 * o.concurrency, 0}},
+            [o, checks](stage_setup& s) {
+                batch_setup<T>(o)(s);
+                if (checks) {  // the grouping passes records on; the collating workers, next, check
+                    note_record_checks(s.internal.run, s.internal.at, false);
+                    note_record_checks(s.internal.run, s.internal.at + 1, true);
+                }
+            },
             [o](stage_context<T, G>& ctx) {
                 return batch_worker<T, G>(ctx, o, [](std::vector<T>& g, std::uint32_t e, std::uint64_t pos) {
                     return G{std::move(g), e, pos};
@@ -266,7 +298,12 @@ stage<T, host_batch> collating_batch(batch_options o, C collate) {
         return group | collated;
     }
     return make_stage<T, host_batch>(
-        "batch", {.on = pool::cpu, .out = o.out}, batch_setup<T>(o), [o, stamped](stage_context<T, host_batch>& ctx) {
+        "batch", {.on = pool::cpu, .out = o.out},
+        [o, checks](stage_setup& s) {
+            batch_setup<T>(o)(s);
+            if (checks) note_record_checks(s.internal.run, s.internal.at, true);
+        },
+        [o, stamped](stage_context<T, host_batch>& ctx) {
             std::shared_ptr<buffer_source> mem = o.memory ? o.memory : ctx.memory;
             return batch_worker<T, host_batch>(ctx, o, [mem, stamped](std::vector<T>& g, std::uint32_t e, std::uint64_t pos) {
                 return stamped(g, *mem, e, pos);
@@ -279,14 +316,16 @@ stage<T, host_batch> collating_batch(batch_options o, C collate) {
 /// with offsets, plus each record's source and index.
 /// Backpressure: holds one batch being filled plus `out` finished batches.
 /// Errors: upstream errors pass through after the batches before them; the partial batch
-/// being filled is dropped with the error.
+/// being filled is dropped with the error. A TFRecord record whose data checksum was left
+/// to it (see tfrecord()) and fails is the parser's sluice::source_error, shard and offset,
+/// in place of the batch that holds it (or, dropped by drop_last, when it is dropped).
 /// Cancellation: stops at the next send; the partial batch is freed.
 /// Example: `| sluice::batch({.size = 256, .drop_last = true})`
 template <class = void>  // compiled only where used (see make_stage)
 stage<record, host_batch> batch(batch_options o = {}) {
-    return detail::collating_batch<record>(o, [](std::vector<record>& g, buffer_source& mem) {
-        return detail::collate_records(g, mem);
-    });
+    return detail::collating_batch<record>(
+        o, [](std::vector<record>& g, buffer_source& mem) { return detail::collate_records(g, mem); },
+        /*checks=*/true);
 }
 
 /// Takes: items of any type T. Gives: collate(std::vector<T>&) for each group of `size`

@@ -262,6 +262,9 @@ std::shared_ptr<shuffle_state> shuffle_setup(const shuffle_options& o, stage_set
     // batches holds memory of their own, and the reader should not map small files for it.
     if constexpr (std::is_same_v<T, record> || std::is_same_v<T, sample> || std::is_same_v<T, chunk>)
         note_records_held(s.internal.run, s.internal.at);
+    // It moves records without reading their bytes: a checksum left to the batch after it
+    // still gets checked there (see detail::records_checked_after).
+    if constexpr (std::is_same_v<T, record>) note_record_checks(s.internal.run, s.internal.at, false);
     auto st = std::make_shared<shuffle_state>();
     st->o = o;
     st->o.seed = o.seed.value_or(0);

@@ -4,6 +4,7 @@
 
 #include <sluice/core/detail/random.hpp>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -45,4 +46,26 @@ TEST_CASE("TFRecord's mask rotates and offsets the CRC", "[crc32c]") {
     REQUIRE(sluice::crc32c_mask(0) == 0xa282ead8u);
     REQUIRE(sluice::crc32c_mask(0x00008000u) == 0xa282ead9u);
     REQUIRE(sluice::crc32c_mask(1) == 0xa282ead8u + (1u << 17));
+}
+
+TEST_CASE("crc32c_copy copies and sums as crc32c does, at every length, alignment and store kind", "[crc32c]") {
+    const auto seed = sluice_test::test_seed();
+    INFO("seed " << seed);
+    sluice::detail::rng r(seed);
+    std::vector<unsigned char> src(200000 + 16), dst(200000 + 64);
+    for (auto& b : src) b = static_cast<unsigned char>(r.next());
+    std::vector<std::size_t> lengths = {0, 1, 15, 16, 17, 63, 64, 767, 768, 769, 1536, 4096, 102400, 200000};
+    for (int i = 0; i < 100; ++i) lengths.push_back(r.below(200000));
+    for (std::size_t n : lengths)
+        for (bool stream : {false, true}) {
+            const std::size_t from = r.below(16), to = r.below(16);
+            INFO("length " << n << " from alignment " << from << " to " << to << (stream ? ", streaming" : ""));
+            std::fill(dst.begin(), dst.end(), 0xa5);
+            const auto* s = src.data() + from;
+            const std::uint32_t start = n % 3 ? static_cast<std::uint32_t>(r.next()) : 0;  // continuing a sum
+            REQUIRE(sluice::crc32c_copy(dst.data() + to, s, n, start, stream) == sluice::crc32c(s, n, start));
+            REQUIRE(std::equal(s, s + n, dst.data() + to));
+            REQUIRE(dst[to + n] == 0xa5);  // nothing written past the end
+            if (to) REQUIRE(dst[to - 1] == 0xa5);
+        }
 }

@@ -5,7 +5,13 @@
 
 #include <sluice/core/pipeline.hpp>
 #include <sluice/formats/writers.hpp>
+#include <sluice/ops/batch.hpp>
 #include <sluice/ops/from.hpp>
+#include <sluice/ops/map.hpp>
+#include <sluice/ops/shuffle.hpp>
+
+#include <optional>
+#include <set>
 
 using sluice_test::cut;
 using sluice_test::strings;
@@ -31,6 +37,13 @@ std::uint64_t offset_of(const std::vector<std::string>& rs, std::size_t i) {
     std::uint64_t o = 0;
     for (std::size_t k = 0; k < i; ++k) o += 16 + rs[k].size();
     return o;
+}
+// The tfrecord stage's counter `name` in p's figures; nullopt when it has none.
+std::optional<std::uint64_t> tfrecord_counter(const sluice::pipeline<sluice::host_batch>& p, const std::string& name) {
+    for (auto& st : p.figures().stages)
+        for (auto& [n, v] : st.counters)
+            if (st.name == "tfrecord" && n == name) return v;
+    return std::nullopt;
 }
 }  // namespace
 
@@ -179,4 +192,119 @@ TEST_CASE("tfrecord: a sound length over the limit skips that record whole", "[t
     REQUIRE(s.skipped == 1);
     REQUIRE(strings(s.out) == std::vector<std::string>{"small", "after"});
     REQUIRE(s.out[1].index == 2);
+}
+
+TEST_CASE("tfrecord + batch: the data checksum is checked as batch copies, with shuffles between or not; "
+          "a stage that reads records gets them checked", "[tfrecord][batch][corrupt]") {
+    sluice::detail::rng r(sluice_test::test_seed());
+    std::vector<std::string> want = records(r, 40, 30000);
+    want[7] = std::string(20000, 'x');  // long enough for the three-chain path
+    const std::string file = file_of(want);
+    // 0: tfrecord | batch, 1: | shuffle | batch, 2: | map | batch, 3: | batch on two
+    // workers, 4: | shuffle | map | batch, 5: gzip'd shard | batch
+    auto run = [&](std::string f, int how) {
+        auto src = sluice::from(how == 5 ? cut(sluice_test::gzip(f), {4096}, "d.tfrecord.gz")
+                                         : cut(f, {4096, 65536}, "d.tfrecord")) |
+                   sluice::tfrecord();
+        auto b = sluice::batch({.size = 4, .concurrency = how == 3 ? 2u : 1u});
+        auto same = [](sluice::record x) { return x; };
+        if (how == 1) return sluice::pipeline(std::move(src) | sluice::shuffle({.buffer = 8, .seed = 3}) | std::move(b));
+        if (how == 2) return sluice::pipeline(std::move(src) | sluice::map(same) | std::move(b));
+        if (how == 4)
+            return sluice::pipeline(std::move(src) | sluice::shuffle({.buffer = 8, .seed = 3}) | sluice::map(same) |
+                                    std::move(b));
+        return sluice::pipeline(std::move(src) | std::move(b));
+    };
+    const auto deferred = [](int how) { return how == 0 || how == 1 || how == 3; };
+    for (int how : {0, 1, 2, 3, 4, 5}) {
+        INFO("pipeline " << how);
+        auto p = run(file, how);
+        std::multiset<std::string> got;
+        for (auto& hb : p)
+            for (std::size_t i = 0; i + 1 < hb.offsets.size(); ++i)
+                got.insert(sluice_test::bytes_str(hb.data).substr(hb.offsets[i], hb.offsets[i + 1] - hb.offsets[i]));
+        REQUIRE(got == std::multiset<std::string>(want.begin(), want.end()));
+        // Left to batch only where nothing between reads the bytes.
+        if (deferred(how)) REQUIRE(tfrecord_counter(p, "checks_deferred") == want.size());
+        else REQUIRE(tfrecord_counter(p, "checks_deferred").value_or(0) == 0u);  // gzip'd: known per shard, so 0
+    }
+    for (std::size_t bad : {std::size_t{5}, std::size_t{7}}) {
+        std::string f = file;
+        f[offset_of(want, bad) + 12 + want[bad].size() / 2] ^= 0x10;
+        for (int how : {0, 1, 2, 3, 4, 5}) {
+            INFO("record " << bad << ", pipeline " << how);
+            auto p = run(f, how);
+            std::size_t batches = 0;
+            std::string error;
+            try {
+                for (auto& hb : p) batches += hb.offsets.size() > 1;
+            } catch (const sluice::source_error& e) {
+                error = e.what();
+                REQUIRE(e.offset() == offset_of(want, bad));
+            }
+            // The same error wherever it is checked.
+            REQUIRE(error == "sluice: bad TFRecord data checksum (record " + std::to_string(bad) + ") in 'd.tfrecord" +
+                                 (how == 5 ? ".gz' at byte " + std::to_string(offset_of(want, bad)) +
+                                                 " of the uncompressed stream"
+                                           : "' at byte " + std::to_string(offset_of(want, bad))));
+            // Without a shuffle the same batches arrive as when the parser checks: those
+            // before the one that holds the bad record.
+            if (how != 1 && how != 4) REQUIRE(batches == bad / 4);
+            if (deferred(how)) REQUIRE(tfrecord_counter(p, "checks_deferred") > 0u);
+        }
+    }
+}
+
+TEST_CASE("tfrecord + batch: a corrupt record in a partial batch that drop_last drops is still an error",
+          "[tfrecord][batch][corrupt]") {
+    const std::vector<std::string> want = {"r0", "r1", "r2", "r3", "r4", "r5", "r6"};
+    std::string f = file_of(want);
+    f[offset_of(want, 6) + 12] ^= 1;  // in the last group of 3, which is dropped
+    sluice::pipeline p(sluice::from(cut(f, {1 << 20}, "t.tfrecord")) | sluice::tfrecord() |
+                       sluice::batch({.size = 4, .drop_last = true}));
+    REQUIRE(p.next_blocking());
+    REQUIRE_THROWS_WITH(p.next_blocking(), "sluice: bad TFRecord data checksum (record 6) in 't.tfrecord' at byte " +
+                                               std::to_string(offset_of(want, 6)));
+    REQUIRE(tfrecord_counter(p, "checks_deferred") == want.size());
+    // Sound, the same pipeline gives one batch and ends.
+    sluice::pipeline q(sluice::from(cut(file_of(want), {1 << 20}, "t.tfrecord")) | sluice::tfrecord() |
+                       sluice::batch({.size = 4, .drop_last = true}));
+    REQUIRE(q.next_blocking());
+    REQUIRE(!q.next_blocking());
+}
+
+TEST_CASE("tfrecord + batch: batches of several MiB (streaming stores) hold the records byte for byte",
+          "[tfrecord][batch]") {
+    sluice::detail::rng r(sluice_test::test_seed());
+    std::vector<std::string> want = records(r, 200, 100000);  // batches of 64: about 3 MiB on average, some over 4
+    want.push_back(std::string(5u << 20, 'y'));  // one batch over 4 MiB for certain
+    sluice::pipeline p(sluice::from(cut(file_of(want), {1 << 20}, "big.tfrecord")) | sluice::tfrecord() |
+                       sluice::batch({.size = 64}));
+    std::vector<std::string> got;
+    for (auto& hb : p) {
+        const std::string all = sluice_test::bytes_str(hb.data);
+        for (std::size_t i = 0; i + 1 < hb.offsets.size(); ++i)
+            got.push_back(all.substr(hb.offsets[i], hb.offsets[i + 1] - hb.offsets[i]));
+    }
+    REQUIRE(got == want);
+    REQUIRE(tfrecord_counter(p, "checks_deferred") == want.size());
+}
+
+TEST_CASE("tfrecord + batch: skipping corrupt records, or not verifying, leaves nothing to batch", "[tfrecord][batch][corrupt]") {
+    const std::vector<std::string> want = {"aaaa", "bbbb", "cccc", "dddd"};
+    std::string f = file_of(want);
+    f[offset_of(want, 1) + 12] ^= 1;
+    sluice::pipeline p(sluice::from(cut(f, {1 << 20}, "s.tfrecord")) | sluice::tfrecord({.on_corrupt = sluice::on_corrupt::skip}) |
+                       sluice::batch({.size = 8}));
+    auto b = p.next_blocking();
+    REQUIRE(b);
+    REQUIRE(sluice_test::bytes_str(b->data) == "aaaaccccdddd");
+    REQUIRE(!tfrecord_counter(p, "checks_deferred"));
+    REQUIRE(tfrecord_counter(p, "corrupt") == 1u);
+    sluice::pipeline q(sluice::from(cut(f, {1 << 20}, "s.tfrecord")) | sluice::tfrecord({.verify = false}) |
+                       sluice::batch({.size = 8}));
+    auto c = q.next_blocking();
+    REQUIRE(c);
+    REQUIRE(c->offsets.size() == 5);  // the damaged record too: nothing checks
+    REQUIRE(!tfrecord_counter(q, "checks_deferred"));
 }

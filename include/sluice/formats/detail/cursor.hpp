@@ -36,6 +36,11 @@ namespace detail {
 struct parse_policy {
     on_corrupt corrupt = on_corrupt::error;
     bool verify = true;  // checksums where the format has them
+    /// TFRecord: leave the data checksum of records read in place (not inflated) to the
+    /// batch that collates them (record::unchecked_crc32c; only under on_corrupt::error,
+    /// see detail::records_checked_after), counting each in `deferred`.
+    bool defer_data_crc = false;
+    std::atomic<std::uint64_t>* deferred = nullptr;
     std::size_t max_record_bytes = std::size_t{1} << 30;
     std::atomic<std::uint64_t>* skipped = nullptr;  // the stage's "corrupt" counter
     std::atomic<std::uint64_t>* ignored = nullptr;  // WebDataset: files with no extension

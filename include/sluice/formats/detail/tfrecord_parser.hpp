@@ -60,6 +60,13 @@ struct tfrecord_parser : parser_base {
                 cur.consume(4);
                 at = phase::header;
                 const std::uint64_t i = index++;
+                if (pol->verify && pol->defer_data_crc && !inflated) {  // batch checks it as it copies
+                    record r{std::move(data), src, i, start, {}, stored};
+                    data = {};
+                    if (pol->deferred) pol->deferred->fetch_add(1, std::memory_order_relaxed);
+                    out.push_back(std::move(r));
+                    break;
+                }
                 if (pol->verify && crc32c_mask(crc32c(data.data(), data.size())) != stored) {
                     bad("bad TFRecord data checksum (record " + std::to_string(i) + ")", start);
                     data = {};
