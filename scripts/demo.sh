@@ -19,9 +19,23 @@ if [ ! -f "$data/expected.json" ]; then
   mv "$data/expected.json.tmp" "$data/expected.json"
 fi
 echo "sluice-probe --epochs 2 --shuffle 10000 --seed 17 --batch 256 --json '$data/shards/shard-{000000..000015}.txt'" >&2
-"$build/examples/sluice-probe" --epochs 2 --shuffle 10000 --seed 17 --batch 256 --json "$@" \
-  "$data/shards/shard-{000000..000015}.txt"
+out=$("$build/examples/sluice-probe" --epochs 2 --shuffle 10000 --seed 17 --batch 256 --json "$@" \
+  "$data/shards/shard-{000000..000015}.txt")
+echo "$out"
 echo "the dataset holds, per epoch: $(cat "$data/expected.json")" >&2
+# The check: two epochs deliver every record twice, so the record count and the checksum
+# sum (mod 2^64, as the probe and the generator print them) are twice the generator's.
+field() { grep -o "\"$1\":[0-9]*" | head -1 | cut -d: -f2; }
+want_records=$(( $(field records < "$data/expected.json") * 2 ))
+want_crc=$(printf '%u' $(( $(field crc_sum < "$data/expected.json") * 2 )))
+got_records=$(echo "$out" | tail -1 | field records)
+got_crc=$(echo "$out" | tail -1 | field crc_sum)
+if [ "$got_records" = "$want_records" ] && [ "$got_crc" = "$want_crc" ]; then
+  echo "check: $got_records records over 2 epochs with the checksums the generator wrote, each record once per epoch: OK" >&2
+else
+  echo "check FAILED: got $got_records records, crc_sum $got_crc; want $want_records and $want_crc" >&2
+  exit 1
+fi
 # Images, where the image layer was built: 1,000 synthetic photos in WebDataset shards,
 # decoded, randomly cropped to 224x224, flipped and batched.
 if [ -f "$data/images.json" ] ||
