@@ -246,7 +246,7 @@ inline std::uint32_t crc32c(const void* data, std::size_t n, std::uint32_t crc =
 
 /// Copies `n` bytes from `src` to `dst` (which must not overlap) and returns their CRC-32C,
 /// continuing from `crc`, reading each source byte once: a record checked as it is
-/// collated costs its copy and about a sixth more, where summing it first cost half as
+/// collated costs its copy and about a fifth more, where summing it first cost half as
 /// much again (bench/RESULTS.md, "TFRecord's checksum"). `stream`: streaming stores,
 /// for a destination far larger than the cache (see detail::stream_copy); the caller
 /// orders them with an sfence before another thread reads them.

@@ -270,7 +270,7 @@ stage<chunk, Out> detail::format_stage(std::string name, decode_options o, forma
     g.on_skip = o.on_skip;
     const std::string fmt = name;
     auto count = record_counter_for(fmt, o, gz);
-    // Records whose next reader is a batch that collates them (through a shuffle at most)
+    // Records whose next reader is a batch that collates them (through shuffles only)
     // may leave their data checksum to it (TFRecord: parse_policy::defer_data_crc).
     struct format_run {
         bool defer_data_crc = false;
