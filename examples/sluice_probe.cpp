@@ -68,7 +68,8 @@ options:
                          (default), or are skipped and counted (corrupt_skipped)
   --batch N              records per batch (default 32)
   --drop-last            drop a last batch smaller than N
-  --collate-threads C    CPU workers collating batches (default 1)
+  --collate-threads C    CPU workers collating batches (default: 2 where the machine
+                         has 2 hardware threads or more, else 1; images: 1)
   --device N             copy each batch to CUDA device N (to_device; the batch stage
                          collates into pinned memory); the probe waits for each copy.
                          `--device host`: the same path with the host copy engine
@@ -180,7 +181,7 @@ struct options {
     std::size_t max_record_bytes = std::size_t{1} << 30;
     std::size_t batch = 32;
     bool drop_last = false;
-    unsigned collate_threads = 1;
+    unsigned collate_threads = 0;  // 0: batch_options' default (2 with 2 hardware threads)
     std::optional<int> device;  // -1: the host engine
     unsigned ring = 3;
     bool pinned = false;

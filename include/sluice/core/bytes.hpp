@@ -137,12 +137,16 @@ public:
         if (cap < min_pooled) return std::make_shared<buffer>(cap);
         std::unique_ptr<buffer> b;
         {
+            // Its own class first, else one of the next four (at most twice the size): a
+            // batch a little smaller than the last (ragged records, an epoch's last batch)
+            // reuses a buffer already faulted in rather than touching fresh memory.
             std::lock_guard lock(m_);
-            if (auto it = free_.find(cap); it != free_.end() && !it->second.empty()) {
-                b = std::move(it->second.back());
-                it->second.pop_back();
-                cached_ -= cap;
-            }
+            for (std::size_t c = cap, k = 0; k < 5 && !b; ++k, c = size_class(c + 1))
+                if (auto it = free_.find(c); it != free_.end() && !it->second.empty()) {
+                    b = std::move(it->second.back());
+                    it->second.pop_back();
+                    cached_ -= c;
+                }
         }
         if (!b) b = std::make_unique<buffer>(cap);
         // The deleter holds a weak reference: buffers may outlive the pool.

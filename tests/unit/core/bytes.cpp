@@ -34,6 +34,26 @@ TEST_CASE("freed buffers return to the pool and serve later requests of their si
     REQUIRE(sluice::buffer_pool::size_class(100) == 100);  // small: not pooled, exact
 }
 
+TEST_CASE("a request whose class is empty reuses a cached buffer up to twice its size, not larger", "[bytes]") {
+    auto pool = sluice::buffer_pool::create(64 << 20);
+    const std::byte* big = nullptr;
+    {
+        auto a = pool->allocate(26'214'400);  // a batch of 256 x 100 KiB: the 28 MiB class
+        big = a->data();
+    }
+    REQUIRE(pool->cached_bytes() == (28u << 20));
+    auto tiny = pool->allocate(1 << 20);  // 28 MiB is far more than twice 1 MiB: fresh
+    REQUIRE(tiny->data() != big);
+    REQUIRE(tiny->capacity() == (1u << 20));
+    auto last = pool->allocate(13'107'200);  // the epoch's last, half batch: the 14 MiB class
+    REQUIRE(last->data() == big);  // 28 MiB is at most twice 14 MiB: reused
+    REQUIRE(last->capacity() == (28u << 20));
+    REQUIRE(pool->cached_bytes() == 0);
+    last.reset();
+    REQUIRE(pool->cached_bytes() == (28u << 20));  // back to its own class
+    REQUIRE(pool->allocate(26'214'400)->data() == big);
+}
+
 TEST_CASE("the pool caches at most its budget, and buffers may outlive it", "[bytes]") {
     std::shared_ptr<sluice::buffer> keep;
     {

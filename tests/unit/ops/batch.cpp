@@ -233,3 +233,43 @@ TEST_CASE("batch's options reject nothing silently: threads with a collate is a 
     const auto f = p.figures().table();
     REQUIRE(f.find("group") != std::string::npos);  // grouping, then collation on 2 workers
 }
+
+TEST_CASE("batch of records collates on two workers by default, one under a memory budget, the same batches", "[batch]") {
+    std::vector<std::string> texts;
+    for (int i = 0; i < 1000; ++i) texts.push_back(std::string(std::size_t(i % 37), char('a' + i % 26)) + std::to_string(i));
+    auto run = [&](sluice::batch_options o, sluice::pipeline_options po) {
+        sluice::pipeline p(sluice::from(records(texts)) | sluice::batch(o), po);
+        std::vector<std::tuple<std::string, std::vector<std::uint64_t>, std::uint64_t>> got;
+        for (auto& b : p) got.emplace_back(std::string(b.data.view()), b.offsets, b.position);
+        return std::pair{got, p.figures()};
+    };
+    auto workers = [](const sluice::pipeline_figures& f, const std::string& name) {
+        for (auto& s : f.stages)
+            if (s.name == name) return s.workers;
+        return 0u;
+    };
+    const auto [one, f1] = run({.size = 64, .concurrency = 1}, {});
+    REQUIRE(one.size() == 16);  // 15 of 64 and the last of 40
+    REQUIRE(workers(f1, "group") == 0);  // one stage
+    const auto [automatic, fa] = run({.size = 64}, {});
+    REQUIRE(automatic == one);  // the same bytes, offsets and places in the sequence
+    if (std::thread::hardware_concurrency() >= 2) {
+        REQUIRE(workers(fa, "group") == 1);  // grouping, then collation on two workers
+        REQUIRE(workers(fa, "batch") == 2);
+    } else {
+        REQUIRE(workers(fa, "group") == 0);
+    }
+    // Under a budget the automatic setting collates on one worker, and the group filled
+    // meanwhile has a share of the budget.
+    const auto [budgeted, fb] = run({.size = 64}, {.memory = 64u << 20});
+    REQUIRE(budgeted == one);
+    if (std::thread::hardware_concurrency() >= 2) {
+        bool share = false;
+        for (auto& [what, bytes] : fb.budget) share |= what.find("the group filled while one is collated") != std::string::npos && bytes > 0;
+        REQUIRE(share);
+    }
+    // A user's collate function is not assumed thread-safe: one stage, one worker.
+    sluice::pipeline u(sluice::from<int>({1, 2, 3}) | sluice::batch({.size = 2}, [](std::vector<int>& v) { return v.size(); }));
+    for (auto n : u) REQUIRE(n > 0);
+    REQUIRE(workers(u.figures(), "group") == 0);
+}
