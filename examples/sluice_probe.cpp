@@ -117,7 +117,10 @@ options:
                          (default 67108864); their sum is reported as budget_bytes
   --in-flight K          http(s): requests in flight at most (default 64); halves on 503/429
   --min-in-flight K      http(s): ... but not below K (default 4)
-  --part-size BYTES      http(s): large objects download as ranged parts of BYTES (default 8388608)
+  --part-size BYTES      http(s): large objects download as ranged parts, the first of BYTES
+                         (default 8388608), each next one twice the one before
+  --max-part-size BYTES  http(s): up to BYTES (default 67108864; at or below --part-size:
+                         every part is --part-size)
   --parts-in-flight P    http(s): parts of one object at once (default 4)
   --ordered              http(s): objects delivered in shard order (default: as completed)
   --retries N            http(s): retries of one object after transient failures (default 8)
@@ -202,7 +205,7 @@ struct options {
     bool map = true;
     std::uint64_t map_min_bytes = 1u << 20;
     unsigned in_flight = 64, retries = 8, stall = 30, min_in_flight = 4, parts_in_flight = 4;
-    std::uint64_t part_size = 8u << 20;
+    std::uint64_t part_size = 8u << 20, max_part_size = 64u << 20;
     bool ordered = false;
     std::string ca_file;
     std::string shared_limit;
@@ -346,6 +349,8 @@ options parse(int argc, char** argv) {
         } else if (a == "--part-size") {
             o.part_size = number<std::uint64_t>(a, value());
             if (o.part_size == 0) usage_error("--part-size must be at least 1");
+        } else if (a == "--max-part-size") {
+            o.max_part_size = number<std::uint64_t>(a, value());
         } else if (a == "--parts-in-flight") {
             o.parts_in_flight = number<unsigned>(a, value());
             if (o.parts_in_flight == 0) usage_error("--parts-in-flight must be at least 1");
@@ -709,15 +714,16 @@ int main(int argc, char** argv) {
     if (!o.write_counts.empty()) plan = {.rank = 0, .world = 1};  // every shard, once
     const auto order = o.ordered || o.deterministic ? sluice::ordering::ordered : sluice::ordering::unordered;
     auto shards = sluice::list(o.sources, o.s3) | sluice::plan(plan);
-    // The transfer stages from the flags; the sweep runs them with its own k, part size,
-    // no cache and unordered.
-    auto fetch_with = [&](unsigned k, unsigned min_k, std::uint64_t part, sluice::ordering ord, const std::string& cache,
-                          const std::string& shared_limit) {
+    // The transfer stages from the flags; the sweep runs them with its own k, part size
+    // (every part that size), no cache and unordered.
+    auto fetch_with = [&](unsigned k, unsigned min_k, std::uint64_t part, std::uint64_t max_part, sluice::ordering ord,
+                          const std::string& cache, const std::string& shared_limit) {
         return sluice::fetch({.concurrency = k,
                               .min_concurrency = min_k,
                               .order = ord,
                               .chunk_size = std::min<std::size_t>(o.chunk_size, 1u << 20),
                               .part_size = part,
+                              .max_part_size = max_part,
                               .parts_in_flight = o.parts_in_flight,
                               .retries = o.retries,
                               .stall = std::chrono::seconds(o.stall),
@@ -732,13 +738,13 @@ int main(int argc, char** argv) {
         return sluice::read({.chunk_size = o.chunk_size, .concurrency = k, .order = ord, .map = o.map,
                              .map_min_bytes = o.map_min_bytes, .out = {16, o.channel_bytes}});
     };
-    auto src = http ? shards | fetch_with(o.in_flight, o.min_in_flight, o.part_size, order, o.cache, o.shared_limit)
+    auto src = http ? shards | fetch_with(o.in_flight, o.min_in_flight, o.part_size, o.max_part_size, order, o.cache, o.shared_limit)
                     : shards | read_with(o.files_in_flight, order);
     if (o.sweep) {
         // Each point: the sources again and again (plan's epochs) with k in flight.
         const probe_sweep::maker make = [&](unsigned k, std::uint64_t part) {
             auto again = sluice::list(o.sources, o.s3) | sluice::plan({.epochs = 1000000});
-            return http ? again | fetch_with(k, k, part, sluice::ordering::unordered, "", "")
+            return http ? again | fetch_with(k, k, part, part, sluice::ordering::unordered, "", "")
                         : again | read_with(k, sluice::ordering::unordered);
         };
         try {

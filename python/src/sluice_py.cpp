@@ -183,6 +183,7 @@ any_source append(sluice::source<T> s, const std::string& name, options& o, buil
             sluice::fetch_options f;
             o.get("concurrency", f.concurrency);
             o.get("part_size", f.part_size);
+            o.get("max_part_size", f.max_part_size);
             o.get("retries", f.retries);
             o.get("min_concurrency", f.min_concurrency);
             o.get("shared_limit", f.shared_limit);

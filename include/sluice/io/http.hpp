@@ -26,12 +26,17 @@ struct fetch_options {
     /// Bytes per chunk handed downstream; a download holds about two while downstream is
     /// full (then it is paused, not buffered).
     std::size_t chunk_size = 1u << 20;
-    /// Large objects download as ranged parts of `part_size` bytes, `parts_in_flight` at a
-    /// time per object, delivered in order (each part holds at most two chunks while it
-    /// waits its turn). The first request asks for one part; its Content-Range gives the
-    /// size. A server without range support answers 200 and the object streams whole.
+    /// Large objects download as ranged parts, `parts_in_flight` at a time per object,
+    /// delivered in order (each part holds at most two chunks while it waits its turn).
+    /// The first request asks for `part_size` bytes; its Content-Range gives the size.
+    /// Each part after it is twice the one before, up to `max_part_size`: a large object
+    /// takes few requests (a 1 GiB one 19, not 128), and since a part streams through the
+    /// same chunks whatever its size, larger parts cost no memory; a part cut off resumes
+    /// from its last byte. `max_part_size` at or below `part_size`: every part is
+    /// `part_size`. A server without range support answers 200 and the object streams whole.
     bool parallel_parts = true;
     std::uint64_t part_size = 8u << 20;
+    std::uint64_t max_part_size = 64u << 20;
     unsigned parts_in_flight = 4;
     /// Retries of one object after a transient failure (connection error, timeout, stall,
     /// a cut body, 429, 500, 502, 503, 504), with capped exponential backoff and full

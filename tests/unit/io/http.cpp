@@ -249,7 +249,8 @@ TEST_CASE("fetch: large objects download as ranged parts in parallel, delivered 
         }
         return std::pair{got, p.figures()};
     };
-    const sluice::fetch_options parts{.chunk_size = 256 << 10, .part_size = 1 << 20, .parts_in_flight = 4};
+    // Every part 1 MiB (max_part_size no larger than part_size).
+    const sluice::fetch_options parts{.chunk_size = 256 << 10, .part_size = 1 << 20, .max_part_size = 1 << 20, .parts_in_flight = 4};
     {
         sluice_test::nginx_server nginx(www.path().string());
         auto [got, f] = fetch_all(nginx.url("{big,small,empty}.bin"), parts);
@@ -258,6 +259,17 @@ TEST_CASE("fetch: large objects download as ranged parts in parallel, delivered 
         REQUIRE(got[nginx.url("empty.bin")].empty());
         REQUIRE(got.size() == 3);
         REQUIRE(counter(f, "fetch", "parts") == 20);  // 21 parts of big.bin, the first not counted
+        // Parts growing (the default): 1 MiB, then 2, 4, 8 and the last 5 MiB and a bit
+        // (16 MiB, cut at the end), the same bytes in order.
+        auto grow = parts;
+        grow.max_part_size = 64 << 20;
+        auto [got2, f2] = fetch_all(nginx.url("big.bin"), grow);
+        REQUIRE(got2[nginx.url("big.bin")] == big);
+        REQUIRE(counter(f2, "fetch", "parts") == 4);
+        grow.max_part_size = 4 << 20;  // 1, 2, then 4 MiB each: 1 + 2 + 4 x 4 = 19 MiB, and the rest
+        auto [got3, f3] = fetch_all(nginx.url("big.bin"), grow);
+        REQUIRE(got3[nginx.url("big.bin")] == big);
+        REQUIRE(counter(f3, "fetch", "parts") == 6);
     }
     {
         // Through faults: every part retried and resumed on its own, the object whole.
@@ -367,7 +379,8 @@ TEST_CASE("fetch: many large objects through a small request budget arrive whole
     }
     // 2 permits for 6 objects of 4 parts: most parts start without a free permit.
     sluice::pipeline p(sluice::list(nginx.url("big{0..5}.bin")) | sluice::plan() |
-                       sluice::fetch({.concurrency = 2, .min_concurrency = 1, .chunk_size = 128 << 10, .part_size = 1 << 20}) |
+                       sluice::fetch({.concurrency = 2, .min_concurrency = 1, .chunk_size = 128 << 10, .part_size = 1 << 20,
+                                      .max_part_size = 1 << 20}) |
                        sluice::raw());
     std::map<std::string, std::string> got;
     for (auto& rec : p) got[rec.source->url] = std::string(rec.data.view());

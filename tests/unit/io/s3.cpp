@@ -462,7 +462,7 @@ TEST_CASE("s3: moto with signature checking: the right key reads every object, a
         // Listed (the whole bucket: moto rejects encoded query values under checking),
         // then fetched with ranged parts (1 MiB) and many in flight.
         sluice::pipeline p(sluice::list("s3://data") | sluice::plan() |
-                           sluice::fetch({.concurrency = 8, .part_size = 1u << 20}) | sluice::raw());
+                           sluice::fetch({.concurrency = 8, .part_size = 1u << 20, .max_part_size = 1u << 20}) | sluice::raw());
         REQUIRE(read_all(p) == want);
         REQUIRE(counter(p.figures(), "fetch", "parts") >= 3);
         REQUIRE(counter(p.figures(), "fetch", "retries") == 0);
@@ -571,6 +571,7 @@ TEST_CASE("s3: throttling (503 SlowDown) backs off and retries, parts and resume
     sluice::pipeline p(sluice::list(urls) | sluice::plan() |
                        sluice::fetch({.concurrency = 8,
                                       .part_size = 1u << 20,
+                                      .max_part_size = 1u << 20,  // every part 1 MiB: more of them to retry
                                       .retries = 30,
                                       .backoff_base = std::chrono::milliseconds(1),
                                       .backoff_cap = std::chrono::milliseconds(20),

@@ -611,8 +611,10 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
             fs.start(parts.front(), where, etag);
             std::uint64_t seq = 0;
             auto more_parts = [&] { return total != http_request::npos && next_from < total; };
+            std::uint64_t grown = part_size;  // the last part's size: each next one doubles, to max_part_size
             auto add_part = [&](bool permit) {
-                http_part p{next_from, std::min(total, next_from + part_size_now()) - 1, {}, permit, permit ? seq : 0};
+                grown = std::max(part_size_now(), grown > o.max_part_size / 2 ? o.max_part_size : 2 * grown);
+                http_part p{next_from, std::min(total - next_from, grown) + next_from - 1, {}, permit, permit ? seq : 0};
                 next_from = p.to + 1;
                 fs.start(p, where, etag);
                 parts_counter.fetch_add(1, std::memory_order_relaxed);
