@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <emmintrin.h>
@@ -268,5 +269,13 @@ inline std::uint32_t crc32c_copy(void* dst, const void* src, std::size_t n, std:
 inline std::uint32_t crc32c_mask(std::uint32_t crc) noexcept {
     return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
 }
+
+namespace detail {
+/// What a TFRecord record whose data checksum fails is called, by the parser and by
+/// batch when the check was left to it (one text, so that both say the same).
+inline std::string bad_tfrecord_data(std::uint64_t index) {
+    return "bad TFRecord data checksum (record " + std::to_string(index) + ")";
+}
+}  // namespace detail
 
 }  // namespace sluice

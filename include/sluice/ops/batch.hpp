@@ -121,7 +121,7 @@ struct item_group {
 /// and does not match `sum`: the parser's error, shard and offset.
 [[noreturn]] inline void bad_data_checksum(const record& r) {
     throw source_error(r.source ? r.source->url : std::string("?"),
-                       "bad TFRecord data checksum (record " + std::to_string(r.index) + ") in", {}, r.offset);
+                       bad_tfrecord_data(r.index) + " in", {}, r.offset);
 }
 /// Checks the records of a group batch drops (drop_last) that were left for it to check:
 /// a corrupt record is an error whether or not its batch is kept, as when the parser checks.

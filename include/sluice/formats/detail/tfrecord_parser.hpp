@@ -68,7 +68,7 @@ struct tfrecord_parser : parser_base {
                     break;
                 }
                 if (pol->verify && crc32c_mask(crc32c(data.data(), data.size())) != stored) {
-                    bad("bad TFRecord data checksum (record " + std::to_string(i) + ")", start);
+                    bad(bad_tfrecord_data(i), start);
                     data = {};
                     continue;  // the length was sound: the next record starts right here
                 }
