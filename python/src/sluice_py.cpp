@@ -263,6 +263,7 @@ any_source append(sluice::source<T> s, const std::string& name, options& o, buil
             sluice::batch_options b;
             o.get("size", b.size);
             o.get("drop_last", b.drop_last);
+            o.get("concurrency", b.concurrency);  // 0 (default): automatic, see batch_options
             o.done();
             return std::move(s) | sluice::batch(b);
         }

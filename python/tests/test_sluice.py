@@ -213,6 +213,18 @@ class Map(unittest.TestCase):
         self.assertEqual(len(calls), 1000)
         self.assertNotIn(threading.get_ident(), calls)  # not the loop's thread
 
+    def test_batch_takes_its_collating_workers_and_gives_the_same_batches_whatever_their_number(self):
+        path = self.lines_file(1000)
+
+        def batches(**kw):
+            chain = sluice.list(path) | sluice.plan() | sluice.read() | sluice.lines() | sluice.batch(size=64, **kw)
+            return [[b.record(i) for i in range(len(b))] for b in sluice.Pipeline(chain, cpu_threads=2)]
+        one = batches(concurrency=1)
+        self.assertEqual(len(one), 16)
+        self.assertEqual(one[0][0], b"line 0")
+        self.assertEqual(batches(), one)  # automatic: 2 workers here, the same batches in order
+        self.assertEqual(batches(concurrency=3), one)
+
     def test_an_exception_in_the_function_reaches_the_loop_with_its_traceback(self):
         path = self.lines_file(50)
 

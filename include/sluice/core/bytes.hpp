@@ -111,7 +111,8 @@ public:
 /// Recycles freed buffers, by size class, up to `max_cached_bytes` of them.
 ///
 /// Requests are rounded up to a size class (four classes per power of two, so at most 25%
-/// is wasted) and a freed buffer serves later requests of its class. Recycling matters: a
+/// is wasted) and a freed buffer serves later requests of its class; a request of 4 MiB
+/// or more whose class has none may get one of up to twice its class. Recycling matters: a
 /// fresh large allocation costs a page fault per 4 KiB on first touch, and glibc returns
 /// freed memory to the system and faults it in again when records of a few hundred KiB
 /// churn (measured: the shuffle stage spent most of its time in page faults before it
@@ -119,6 +120,8 @@ public:
 class buffer_pool final : public buffer_source, public std::enable_shared_from_this<buffer_pool> {
 public:
     static constexpr std::size_t min_pooled = 16u << 10;
+    /// From this size up a request may get a cached buffer of up to twice its class.
+    static constexpr std::size_t larger_from = 4u << 20;
 
     static std::shared_ptr<buffer_pool> create(std::size_t max_cached_bytes = 256u << 20) {
         return std::shared_ptr<buffer_pool>(new buffer_pool(max_cached_bytes));
@@ -137,11 +140,13 @@ public:
         if (cap < min_pooled) return std::make_shared<buffer>(cap);
         std::unique_ptr<buffer> b;
         {
-            // Its own class first, else one of the next four (at most twice the size): a
-            // batch a little smaller than the last (ragged records, an epoch's last batch)
-            // reuses a buffer already faulted in rather than touching fresh memory.
+            // Its own class first, else, from 4 MiB up, one of the next four (at most
+            // twice the size): a batch a little smaller than the last (ragged records, an
+            // epoch's last batch) reuses a buffer already faulted in rather than touching
+            // fresh memory. Smaller requests (records a shuffle holds) keep their class,
+            // so what they hold stays within a quarter of what they count.
             std::lock_guard lock(m_);
-            for (std::size_t c = cap, k = 0; k < 5 && !b; ++k, c = size_class(c + 1))
+            for (std::size_t c = cap, k = 0; k < (cap >= larger_from ? 5u : 1u) && !b; ++k, c = size_class(c + 1))
                 if (auto it = free_.find(c); it != free_.end() && !it->second.empty()) {
                     b = std::move(it->second.back());
                     it->second.pop_back();

@@ -454,6 +454,8 @@ private:
         const auto& links = src_.links();
         std::vector<std::shared_ptr<buffer_source>> memory(links.size());
         std::vector<std::shared_ptr<void>> states(links.size());
+        std::vector<unsigned> workers(links.size());  // each stage's workers to start
+        for (std::size_t i = 0; i < links.size(); ++i) workers[i] = std::max(1u, links[i]->opts.concurrency);
         for (std::size_t i = links.size(); i-- > 0;) {
             if (!links[i]->setup) continue;
             stage_setup s{*r->rt};
@@ -469,6 +471,7 @@ private:
             if (i + 1 == links.size()) r->last_wait_check = std::move(s.internal.consumer_wait_check);
             r->env.keep.push_back(s.internal.state);  // before its on_stop can run: ~running cancels
             states[i] = std::move(s.internal.state);
+            if (s.internal.workers) workers[i] = std::min(workers[i], s.internal.workers);
             for (auto& f : s.on_stop) r->env.cancellers.push_back(std::move(f));
         }
         r->env.run->check_noted();
@@ -478,12 +481,12 @@ private:
         if (opts_.tune)
             for (std::size_t i = 0; i < links.size(); ++i) {
                 const auto& l = *links[i];
-                if (!l.gated || l.opts.concurrency < 2) continue;
-                auto g = std::make_shared<detail::worker_gate>(l.opts.concurrency, r->rt->executor_for(l.opts.on));
+                if (!l.gated || workers[i] < 2) continue;
+                auto g = std::make_shared<detail::worker_gate>(workers[i], r->rt->executor_for(l.opts.on));
                 r->knobs.push_back({.stage = l.name,
                                     .name = "concurrency",
                                     .min = 1,
-                                    .max = l.opts.concurrency,
+                                    .max = workers[i],
                                     .start = 1,
                                     .bytes_each = l.unit_bytes,
                                     .bytes_now = nullptr,
@@ -508,16 +511,16 @@ private:
             std::fclose(f);
             std::remove(tmp.c_str());
             // At most 262,144 spans (6 MiB) for the whole pipeline, shared by its workers.
-            std::size_t workers = 1;
-            for (auto& l : links) workers += std::max(1u, l->opts.concurrency);
-            spans_each = std::clamp<std::size_t>(detail::span_log::pipeline_max / workers, 256, detail::span_log::default_max);
+            std::size_t all = 1;
+            for (unsigned w : workers) all += w;
+            spans_each = std::clamp<std::size_t>(detail::span_log::pipeline_max / all, 256, detail::span_log::default_max);
             consumer_.spans = std::make_unique<detail::span_log>(spans_each);
         }
         for (std::size_t i = 0; i < links.size(); ++i) {
             auto& l = links[i];
             auto out = l->make_output(limits[i]);
             r->env.cancellers.push_back(l->canceller(out));
-            r->stats.push_back(std::make_unique<stage_stats>(l->name, std::max(1u, l->opts.concurrency),
+            r->stats.push_back(std::make_unique<stage_stats>(l->name, workers[i],
                                                              l->counts_records, traced, spans_each));
             r->channels.push_back(out);
             // Tuned, a channel whose bytes are bounded (every channel under a memory budget,
@@ -551,7 +554,7 @@ private:
         }
         for (std::size_t i = 0; i < src_.links().size(); ++i) {
             src_.links()[i]->start(r->env, prev, r->channels[i].get(), *r->stats[i],
-                                   memory[i] ? memory[i] : r->rt->buffers(), states[i], r->gates[i].get());
+                                   memory[i] ? memory[i] : r->rt->buffers(), states[i], r->gates[i].get(), workers[i]);
             prev = r->channels[i].get();
         }
         r->last = std::static_pointer_cast<channel<T>>(r->channels.back());

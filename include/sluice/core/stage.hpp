@@ -231,6 +231,10 @@ struct setup_internal {
     /// Where a stage asks for a share of the memory budget, equal to a tuner setting's
     /// (see budget_share); null without a budget.
     std::vector<budget_share>* shares = nullptr;
+    /// Workers to start when the setup wants fewer than the stage's `.concurrency`
+    /// (batch's automatic collation under a memory budget); 0: `.concurrency`. The
+    /// figures, the trace and the tuner's setting count these.
+    unsigned workers = 0;
 };
 }  // namespace detail
 
@@ -359,8 +363,9 @@ struct link {
     /// Optional; see stage_setup.
     std::function<void(stage_setup&)> setup;
     /// `gate`: when the tuner moves how many workers work (gated links only), else null.
+    /// `workers`: how many to start (opts.concurrency, or fewer as its setup said).
     virtual void start(run_env& env, void* in, void* out, stage_stats& st, std::shared_ptr<buffer_source> memory,
-                       std::shared_ptr<void> state, worker_gate* gate) const = 0;
+                       std::shared_ptr<void> state, worker_gate* gate, unsigned workers) const = 0;
 };
 
 template <class In, class Out>
@@ -382,7 +387,7 @@ struct link_impl final : link {
                 [w](std::size_t n) { if (auto ch = w.lock()) ch->set_items(n); }};
     }
     void start(run_env& env, void* in, void* out, stage_stats& st, std::shared_ptr<buffer_source> memory,
-               std::shared_ptr<void> setup_state, worker_gate* gate) const override {
+               std::shared_ptr<void> setup_state, worker_gate* gate, unsigned workers) const override {
         struct state {
             std::vector<std::unique_ptr<stage_context<In, Out>>> contexts;
             std::vector<std::unique_ptr<worker_life>> lives;
@@ -392,7 +397,7 @@ struct link_impl final : link {
         auto s = std::make_shared<state>();
         auto* inch = static_cast<channel<In>*>(in);
         auto* outch = static_cast<channel<Out>*>(out);
-        const unsigned n = std::max(1u, opts.concurrency);
+        const unsigned n = std::max(1u, workers);
         if (n > 1 && opts.order == ordering::unordered)
             env.run->epochs_unknown("stage '" + name + "' is unordered (" + std::to_string(n) +
                                     " workers, output as completed), so the sequence depends on timing; build "

@@ -93,13 +93,7 @@ inline batch_options with_collators(batch_options o, bool ours) {
     if (o.concurrency == 0) o.concurrency = ours && std::thread::hardware_concurrency() >= 2 ? 2 : 1;
     return o;
 }
-/// The collating workers' run: under a memory budget, a concurrency left automatic
-/// collates on one worker (the budget's figures count one batch being collated; a
-/// second would hold one more).
-struct collators_run {
-    bool one = false;
-};
-inline task<void> no_work() { co_return; }
+
 }  // namespace detail
 
 namespace detail {
@@ -286,7 +280,7 @@ namespace detail {
 template <class T, class C>
 stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = false) {
     const bool automatic = o.concurrency == 0;
-    o = with_collators(o, true);
+    o = with_collators(o, std::is_same_v<T, record>);
     auto stamped = [collate](std::vector<T>& g, buffer_source& mem, std::uint32_t e, std::uint64_t pos) {
         host_batch b = collate(g, mem);
         b.epoch = e;
@@ -296,7 +290,7 @@ stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = f
     if (o.concurrency > 1) {
         using G = item_group<T>;
         auto group = make_stage<T, G>(
-            "group", {.on = pool::cpu, .out = {2 * o.concurrency, 0}},
+            "group", {.on = pool::cpu, .out = {o.concurrency, 0}},
             [o, checks](stage_setup& s) {
                 batch_setup<T>(o)(s);
                 if (checks) note_record_checks(s.internal.run, s.internal.at, false);  // passes them on whole
@@ -310,15 +304,16 @@ stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = f
             "batch", {.concurrency = o.concurrency, .order = ordering::ordered, .on = pool::cpu, .out = o.out},
             [checks, automatic](stage_setup& s) {
                 if (checks) note_record_checks(s.internal.run, s.internal.at, true);  // checks as it copies
-                const bool one = automatic && s.internal.shares;
-                // Even one worker holds the group it collates while "group" fills the
-                // next (one batch's records more than batch as one stage): a share of
-                // the budget, taken from the channels'.
-                if (one) s.internal.shares->push_back({"batch: the group filled while one is collated", [](std::uint64_t) {}});
-                return std::make_shared<collators_run>(collators_run{.one = one});
+                if (automatic && s.internal.shares) {
+                    // Under a memory budget, which counts one batch being collated, the
+                    // automatic setting collates on one worker. It still holds the group
+                    // it collates while "group" fills the next (a batch's records more
+                    // than batch as one stage): a share of the budget, from the channels'.
+                    s.internal.workers = 1;
+                    s.internal.shares->push_back({"batch: the group filled while one is collated", [](std::uint64_t) {}});
+                }
             },
-            [o, stamped](stage_context<G, host_batch>& ctx, collators_run& run) {
-                if (run.one && ctx.worker > 0) return no_work();  // items go to the workers that ask: worker 0 takes all
+            [o, stamped](stage_context<G, host_batch>& ctx) {
                 std::shared_ptr<buffer_source> mem = o.memory ? o.memory : ctx.memory;
                 return item_worker(ctx, [mem, stamped](G&& g, std::vector<host_batch>& out) {
                     out.push_back(stamped(g.items, *mem, g.epoch, g.position));
@@ -343,7 +338,9 @@ stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = f
 
 /// Takes: records. Gives: host_batch, `size` records collated into one contiguous buffer
 /// with offsets, plus each record's source and index.
-/// Backpressure: holds one batch being filled plus `out` finished batches.
+/// Backpressure: holds one batch being filled plus `out` finished batches; with several
+/// collating workers (the default, see batch_options::concurrency), also the group each
+/// worker collates and up to `concurrency` full groups waiting for them.
 /// Errors: upstream errors pass through after the batches before them; the partial batch
 /// being filled is dropped with the error. A TFRecord record whose data checksum was left
 /// to it (see tfrecord()) and fails is the parser's sluice::source_error, shard and offset,
@@ -382,7 +379,7 @@ auto batch(batch_options o, F collate) {
             if (o.concurrency > 1) {
                 using G = detail::item_group<T>;
                 auto group = make_stage<T, G>(
-                    "group", {.on = pool::cpu, .out = {2 * o.concurrency, 0}}, detail::batch_setup<T>(o),
+                    "group", {.on = pool::cpu, .out = {o.concurrency, 0}}, detail::batch_setup<T>(o),
                     [o](stage_context<T, G>& ctx) {
                         return detail::batch_worker<T, G>(ctx, o, [](std::vector<T>& g, std::uint32_t e, std::uint64_t pos) {
                             return G{std::move(g), e, pos};

@@ -45,6 +45,9 @@ TEST_CASE("a request whose class is empty reuses a cached buffer up to twice its
     auto tiny = pool->allocate(1 << 20);  // 28 MiB is far more than twice 1 MiB: fresh
     REQUIRE(tiny->data() != big);
     REQUIRE(tiny->capacity() == (1u << 20));
+    auto below = pool->allocate(12u << 20);  // five classes below 28 MiB: more than twice, fresh
+    REQUIRE(below->data() != big);
+    REQUIRE(below->capacity() == (12u << 20));
     auto last = pool->allocate(13'107'200);  // the epoch's last, half batch: the 14 MiB class
     REQUIRE(last->data() == big);  // 28 MiB is at most twice 14 MiB: reused
     REQUIRE(last->capacity() == (28u << 20));
@@ -52,6 +55,17 @@ TEST_CASE("a request whose class is empty reuses a cached buffer up to twice its
     last.reset();
     REQUIRE(pool->cached_bytes() == (28u << 20));  // back to its own class
     REQUIRE(pool->allocate(26'214'400)->data() == big);
+    // Under 4 MiB a request keeps its class (records a shuffle holds must not take
+    // buffers twice their size): a cached 3 MiB buffer does not serve 2 MiB.
+    const std::byte* three = nullptr;
+    {
+        auto b = pool->allocate(3u << 20);
+        three = b->data();
+    }
+    auto two = pool->allocate(2u << 20);
+    REQUIRE(two->data() != three);
+    REQUIRE(two->capacity() == (2u << 20));
+    REQUIRE(pool->allocate(3u << 20)->data() == three);
 }
 
 TEST_CASE("the pool caches at most its budget, and buffers may outlive it", "[bytes]") {

@@ -18,7 +18,10 @@ TEST_CASE("a fetch run's shared state: the request limit from .concurrency, a ca
 
 TEST_CASE("a tuned fetch offers its requests in flight as a knob between its floor and its workers", "[fetch][tune]") {
     std::vector<sluice::detail::knob> knobs;
-    auto run = sluice::detail::make_fetch_run({.concurrency = 48, .min_concurrency = 3, .chunk_size = 1u << 20}, &knobs);
+    // Fixed parts (max_part_size no larger than part_size): growing parts, the default,
+    // offer no part size (see below).
+    auto run = sluice::detail::make_fetch_run(
+        {.concurrency = 48, .min_concurrency = 3, .chunk_size = 1u << 20, .max_part_size = 8u << 20}, &knobs);
     REQUIRE(knobs.size() == 2);  // the requests in flight, then the part size
     auto& k = knobs[0];
     CHECK(k.stage == "fetch");
@@ -58,9 +61,15 @@ TEST_CASE("a tuned fetch offers its requests in flight as a knob between its flo
     // A single-request stage offers only its part size; one without parallel parts, or
     // with a part size that is no whole number of MiB, offers nothing.
     std::vector<sluice::detail::knob> one;
-    sluice::detail::make_fetch_run({.concurrency = 1}, &one);
+    sluice::detail::make_fetch_run({.concurrency = 1, .max_part_size = 8u << 20}, &one);
     REQUIRE(one.size() == 1);
     CHECK(one[0].name == "part_size_mib");
+    // Growing parts (the default) offer no part size: every part past the third is
+    // max_part_size whatever the first.
+    std::vector<sluice::detail::knob> grow;
+    sluice::detail::make_fetch_run({.concurrency = 48}, &grow);
+    REQUIRE(grow.size() == 1);
+    CHECK(grow[0].name == "concurrency");
     std::vector<sluice::detail::knob> none;
     sluice::detail::make_fetch_run({.concurrency = 1, .parallel_parts = false}, &none);
     CHECK(none.empty());

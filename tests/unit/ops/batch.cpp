@@ -264,6 +264,8 @@ TEST_CASE("batch of records collates on two workers by default, one under a memo
     const auto [budgeted, fb] = run({.size = 64}, {.memory = 64u << 20});
     REQUIRE(budgeted == one);
     if (std::thread::hardware_concurrency() >= 2) {
+        REQUIRE(workers(fb, "batch") == 1);  // the split stage, started with one worker
+        REQUIRE(workers(fb, "group") == 1);
         bool share = false;
         for (auto& [what, bytes] : fb.budget) share |= what.find("the group filled while one is collated") != std::string::npos && bytes > 0;
         REQUIRE(share);

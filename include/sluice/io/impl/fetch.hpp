@@ -252,10 +252,11 @@ inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o, std::ve
                           .pressure = &run->throttled});
     }
     constexpr std::uint64_t mib = 1u << 20;
-    if (knobs && o.parallel_parts && o.part_size >= mib && o.part_size % mib == 0) {
-        // After the requests in flight (the tuner climbs one knob at a time, in this
-        // order): the part size, in MiB, from the one given up to 64 MiB (or the one given, if
-        // larger): fewer, larger parts cost fewer requests where one connection is fast
+    if (knobs && o.parallel_parts && o.max_part_size <= o.part_size && o.part_size >= mib && o.part_size % mib == 0) {
+        // Fixed parts only (growing parts reach max_part_size after a few doublings
+        // whatever the first is). After the requests in flight (the tuner climbs one knob
+        // at a time, in this order): the part size, in MiB, from the one given up to 64 MiB
+        // (or the one given, if larger): fewer, larger parts cost fewer requests where one connection is fast
         // (on loopback 64 MiB parts took a 1 GiB object in 0.29-0.31 s against 0.36-0.38 s
         // with 8 MiB, bench/RESULTS.md issue 17); smaller ones save nothing, so its floor
         // is where it starts and it only climbs. A part streams through the same few
