@@ -290,7 +290,9 @@ stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = f
     if (o.concurrency > 1) {
         using G = item_group<T>;
         auto group = make_stage<T, G>(
-            "group", {.on = pool::cpu, .out = {o.concurrency, 0}},
+            // Automatic: room for one group, the least that keeps both workers busy
+            // (grouping is cheap), and under a budget the least held beside the worker.
+            "group", {.on = pool::cpu, .out = {automatic ? 1 : o.concurrency, 0}},
             [o, checks](stage_setup& s) {
                 batch_setup<T>(o)(s);
                 if (checks) note_record_checks(s.internal.run, s.internal.at, false);  // passes them on whole
@@ -304,14 +306,9 @@ stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = f
             "batch", {.concurrency = o.concurrency, .order = ordering::ordered, .on = pool::cpu, .out = o.out},
             [checks, automatic](stage_setup& s) {
                 if (checks) note_record_checks(s.internal.run, s.internal.at, true);  // checks as it copies
-                if (automatic && s.internal.shares) {
-                    // Under a memory budget, which counts one batch being collated, the
-                    // automatic setting collates on one worker. It still holds the group
-                    // it collates while "group" fills the next (a batch's records more
-                    // than batch as one stage): a share of the budget, from the channels'.
-                    s.internal.workers = 1;
-                    s.internal.shares->push_back({"batch: the group filled while one is collated", [](std::uint64_t) {}});
-                }
+                // Under a memory budget, which counts one batch being collated, the
+                // automatic setting collates on one worker.
+                if (automatic && s.internal.shares) s.internal.workers = 1;
             },
             [o, stamped](stage_context<G, host_batch>& ctx) {
                 std::shared_ptr<buffer_source> mem = o.memory ? o.memory : ctx.memory;
