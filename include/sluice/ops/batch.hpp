@@ -94,9 +94,6 @@ inline batch_options with_collators(batch_options o, bool ours) {
     return o;
 }
 
-}  // namespace detail
-
-namespace detail {
 /// A group of items on its way to collation, with where it ends in the sequence (batch
 /// with concurrency > 1: "group" makes them, "batch" collates them on several workers).
 template <class T>
@@ -337,7 +334,8 @@ stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = f
 /// with offsets, plus each record's source and index.
 /// Backpressure: holds one batch being filled plus `out` finished batches; with several
 /// collating workers (the default, see batch_options::concurrency), also the group each
-/// worker collates and up to `concurrency` full groups waiting for them.
+/// worker collates and the full groups waiting for them (one when automatic, else up to
+/// `concurrency`).
 /// Errors: upstream errors pass through after the batches before them; the partial batch
 /// being filled is dropped with the error. A TFRecord record whose data checksum was left
 /// to it (see tfrecord()) and fails is the parser's sluice::source_error, shard and offset,
