@@ -68,8 +68,9 @@ options:
                          (default), or are skipped and counted (corrupt_skipped)
   --batch N              records per batch (default 32)
   --drop-last            drop a last batch smaller than N
-  --collate-threads C    CPU workers collating batches (default: 2 where the machine
-                         has 2 hardware threads or more, else 1; images: 1)
+  --collate-threads C    CPU workers collating batches, each with a batch of its own
+                         (default: one worker, joined on a batch of 4 MiB or more by
+                         one more thread of the CPU pool where it has 2; images: 1)
   --device N             copy each batch to CUDA device N (to_device; the batch stage
                          collates into pinned memory); the probe waits for each copy.
                          `--device host`: the same path with the host copy engine
@@ -184,7 +185,7 @@ struct options {
     std::size_t max_record_bytes = std::size_t{1} << 30;
     std::size_t batch = 32;
     bool drop_last = false;
-    unsigned collate_threads = 0;  // 0: batch_options' default (2 with 2 hardware threads)
+    unsigned collate_threads = 0;  // 0: batch_options' default (one worker, helped on large batches)
     std::optional<int> device;  // -1: the host engine
     unsigned ring = 3;
     bool pinned = false;

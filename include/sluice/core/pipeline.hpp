@@ -471,7 +471,6 @@ private:
             if (i + 1 == links.size()) r->last_wait_check = std::move(s.internal.consumer_wait_check);
             r->env.keep.push_back(s.internal.state);  // before its on_stop can run: ~running cancels
             states[i] = std::move(s.internal.state);
-            if (s.internal.workers) workers[i] = std::min(workers[i], s.internal.workers);
             for (auto& f : s.on_stop) r->env.cancellers.push_back(std::move(f));
         }
         r->env.run->check_noted();

@@ -231,10 +231,6 @@ struct setup_internal {
     /// Where a stage asks for a share of the memory budget, equal to a tuner setting's
     /// (see budget_share); null without a budget.
     std::vector<budget_share>* shares = nullptr;
-    /// Workers to start when the setup wants fewer than the stage's `.concurrency`
-    /// (batch's automatic collation under a memory budget); 0: `.concurrency`. The
-    /// figures, the trace and the tuner's setting count these.
-    unsigned workers = 0;
 };
 }  // namespace detail
 

@@ -10,6 +10,7 @@
 #include <sluice/ops/plan_link.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -71,13 +72,15 @@ struct batch_options {
     std::shared_ptr<buffer_source> memory = nullptr;
     /// Workers collating batches at once on the CPU pool (output stays in order). Above 1,
     /// grouping and collation become two stages ("group" and "batch"), so the copy into
-    /// the batch buffer, the costly part, runs on several cores. A user's collate
-    /// function (batch(opts, collate)) is then called on several threads at once, each
-    /// worker calling its own copy of the function object.
-    /// 0 (the default): for batch() of records, 2 where the machine has two hardware
-    /// threads or more, else 1; for a user's collate function, 1 (it need not be safe to
-    /// call at once). Behind a shuffle the copy is what sets the pace: two workers took a
-    /// first epoch of 100 KiB records from 0.62 to 0.78 x cat (bench/RESULTS.md, issue 17).
+    /// the batch buffer, the costly part, runs on several cores, each worker holding a
+    /// batch of its own. A user's collate function (batch(opts, collate)) is then called
+    /// on several threads at once, each worker calling its own copy of the function object.
+    /// 0 (the default): one worker; for batch() of records, a batch of 4 MiB or more is
+    /// copied by that worker and one more thread of the CPU pool when it has two or more
+    /// (the records split between them as they go, no batch more in memory). Behind a
+    /// shuffle the copy is what sets the pace: two threads on it took a first epoch of
+    /// 100 KiB records from 0.62 to 0.78 x cat (bench/RESULTS.md, issue 17). 1: one
+    /// thread copies each batch.
     unsigned concurrency = 0;
     /// Items that do not say their epoch (a user's type without a `source` shard): refused
     /// at start when plan runs several epochs (epoch_policy::apart), or batched as one
@@ -88,9 +91,9 @@ struct batch_options {
 };
 
 namespace detail {
-/// batch_options::concurrency with 0 resolved: `ours` is batch() of records.
-inline batch_options with_collators(batch_options o, bool ours) {
-    if (o.concurrency == 0) o.concurrency = ours && std::thread::hardware_concurrency() >= 2 ? 2 : 1;
+/// batch_options::concurrency with 0 (automatic: one worker, helped where it can be) resolved.
+inline batch_options with_collators(batch_options o) {
+    if (o.concurrency == 0) o.concurrency = 1;
     return o;
 }
 
@@ -124,7 +127,77 @@ void check_dropped(const std::vector<T>& group) {
                 bad_data_checksum(r);
 }
 
-inline host_batch collate_records(std::vector<record>& rs, buffer_source& mem) {
+/// One batch's copy, shared by the threads that make it: the collating worker and, for a
+/// large batch, one helper on another thread of the CPU pool. Records are claimed in
+/// blocks from one counter, so a helper that starts late takes only what is left and the
+/// worker never waits on a queued task, only on blocks a running helper has claimed. A
+/// record that fails (its data lost, or its TFRecord data checksum wrong) is remembered,
+/// and the first in record order is reported, whichever thread copied it.
+class collate_copy {
+public:
+    collate_copy(std::vector<record>& rs, std::byte* dst, const std::vector<std::uint64_t>& offsets, bool stream)
+        : rs_(rs.data()), dst_(dst), offsets_(offsets.data()), n_(static_cast<std::uint32_t>(rs.size())),
+          block_(std::max<std::uint32_t>(1, (n_ + 15) / 16)), stream_(stream) {}
+
+    /// Copies blocks until none is left; the records this thread copied.
+    std::uint32_t work() noexcept {
+        std::uint32_t mine = 0;
+        for (;;) {
+            const std::uint32_t i = next_.fetch_add(block_, std::memory_order_relaxed);
+            if (i >= n_) break;  // nothing of the batch is touched past this point
+            const std::uint32_t end = std::min(n_, i + block_);
+            for (std::uint32_t j = i; j < end; ++j)
+                if (!copy_one(rs_[j], dst_ + offsets_[j])) {
+                    std::uint32_t seen = bad_.load(std::memory_order_relaxed);
+                    while (j < seen && !bad_.compare_exchange_weak(seen, j, std::memory_order_relaxed)) {
+                    }
+                }
+            if (stream_) stream_fence();  // this thread's streaming stores, before they are counted
+            mine += end - i;
+            copied_.fetch_add(end - i, std::memory_order_release);
+        }
+        copied_.notify_all();
+        return mine;
+    }
+    /// Returns once every record is copied (the blocks left are being copied by running
+    /// threads); then the first record that failed, if one did.
+    std::optional<std::size_t> wait() noexcept {
+        for (std::uint32_t v; (v = copied_.load(std::memory_order_acquire)) < n_;) copied_.wait(v, std::memory_order_acquire);
+        const std::uint32_t b = bad_.load(std::memory_order_relaxed);
+        return b < n_ ? std::optional<std::size_t>(b) : std::nullopt;
+    }
+
+private:
+    bool copy_one(const record& r, std::byte* p) const noexcept {
+        std::uint32_t sum = 0;
+        if (r.unchecked_crc32c) {  // TFRecord's data checksum, left here: summed as copied
+            sum = crc32c_copy(p, r.data.data(), r.data.size(), 0, stream_ && r.data.size() >= 4096);
+        } else if (r.data.empty()) {
+        } else if (stream_ && r.data.size() >= 4096) {
+            stream_copy(p, r.data.data(), r.data.size());
+        } else {
+            std::memcpy(p, r.data.data(), r.data.size());
+        }
+        if (r.data.lost()) return false;  // zeros copied
+        return !r.unchecked_crc32c || crc32c_mask(sum) == *r.unchecked_crc32c;
+    }
+
+    record* rs_;
+    std::byte* dst_;
+    const std::uint64_t* offsets_;
+    std::uint32_t n_, block_;
+    bool stream_;
+    std::atomic<std::uint32_t> next_{0}, copied_{0}, bad_{~std::uint32_t{0}};
+};
+
+/// Batches this large are copied by two threads when a helper is offered (the copy runs
+/// well beyond the cache; below this a hand-off costs more than it saves).
+inline constexpr std::size_t helped_collation_bytes = std::size_t{4} << 20;
+
+/// `helper`: an executor (the CPU pool) on which one more thread may join a large batch's
+/// copy; `helped`, where given, counts the records it copied.
+inline host_batch collate_records(std::vector<record>& rs, buffer_source& mem, const executor* helper = nullptr,
+                                  std::atomic<std::uint64_t>* helped = nullptr) {
     host_batch b;
     b.offsets.reserve(rs.size() + 1);
     b.sources.reserve(rs.size());
@@ -136,26 +209,24 @@ inline host_batch collate_records(std::vector<record>& rs, buffer_source& mem) {
         b.offsets.push_back(total);
     }
     auto buf = mem.allocate(total);
-    std::byte* p = buf->data();
     // Streaming stores pay off once the batch is well beyond the L2 cache.
     const bool stream = total >= (std::size_t{4} << 20);
+    auto copy = std::make_shared<collate_copy>(rs, buf->data(), b.offsets, stream);
+    if (helper && total >= helped_collation_bytes && rs.size() >= 2)
+        asio::post(*helper, [copy, helped] {
+            const std::uint32_t n = copy->work();
+            if (helped && n) helped->fetch_add(n, std::memory_order_relaxed);
+        });
+    copy->work();
+    if (auto bad = copy->wait()) {
+        const record& r = rs[*bad];
+        if (r.data.lost()) throw_lost(r.data.file()->path(), r.data.file()->lost(), r.key());
+        bad_data_checksum(r);
+    }
     for (auto& r : rs) {
-        std::uint32_t sum = 0;
-        if (r.unchecked_crc32c) {  // TFRecord's data checksum, left here: summed as copied
-            sum = crc32c_copy(p, r.data.data(), r.data.size(), 0, stream && r.data.size() >= 4096);
-        } else if (r.data.empty()) {
-        } else if (stream && r.data.size() >= 4096) {
-            stream_copy(p, r.data.data(), r.data.size());
-        } else {
-            std::memcpy(p, r.data.data(), r.data.size());
-        }
-        if (r.data.lost()) throw_lost(r.data.file()->path(), r.data.file()->lost(), r.key());  // zeros copied
-        if (r.unchecked_crc32c && crc32c_mask(sum) != *r.unchecked_crc32c) bad_data_checksum(r);
-        p += r.data.size();
         b.sources.push_back(std::move(r.source));
         b.indices.push_back(r.index);
     }
-    if (stream) stream_fence();
     b.data = bytes(std::move(buf), total);
     return b;
 }
@@ -273,23 +344,36 @@ namespace detail {
 /// gives the host_batch (its epoch and position are stamped here). One stage, or with
 /// concurrency above 1 a "group" stage and `concurrency` ordered "batch" workers. The
 /// memory: o.memory, else what the next stage asks for (to_device: its staging memory).
-/// `checks`: collate checks record::unchecked_crc32c, and says so at setup.
+/// `checks`: collate checks record::unchecked_crc32c, and says so at setup. A collate that
+/// also takes `(const executor* helper, std::atomic<std::uint64_t>* helped)` is offered the
+/// CPU pool for a second thread on one batch when concurrency is automatic (0) and the
+/// pool has two threads or more.
 template <class T, class C>
 stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = false) {
+    constexpr bool can_help = std::is_invocable_v<const C&, std::vector<T>&, buffer_source&, const executor*,
+                                                  std::atomic<std::uint64_t>*>;
     const bool automatic = o.concurrency == 0;
-    o = with_collators(o, std::is_same_v<T, record>);
-    auto stamped = [collate](std::vector<T>& g, buffer_source& mem, std::uint32_t e, std::uint64_t pos) {
-        host_batch b = collate(g, mem);
+    o = with_collators(o);
+    auto stamped = [collate](std::vector<T>& g, buffer_source& mem, const executor* helper, std::atomic<std::uint64_t>* helped,
+                             std::uint32_t e, std::uint64_t pos) {
+        host_batch b;
+        if constexpr (can_help) b = collate(g, mem, helper, helped);
+        else b = collate(g, mem);
         b.epoch = e;
         b.position = pos;
         return b;
     };
-    if (o.concurrency > 1) {
+    // Automatic, where a batch's copy can be shared: grouping and one collating worker,
+    // which a second thread of the CPU pool joins on large batches. Grouping (a channel
+    // receive per record) then overlaps the copy, and the copy runs on two cores, with one
+    // batch being collated as with one stage.
+    const bool helped = automatic && can_help && std::thread::hardware_concurrency() >= 2;
+    if (o.concurrency > 1 || helped) {
         using G = item_group<T>;
         auto group = make_stage<T, G>(
-            // Automatic: room for one group, the least that keeps both workers busy
-            // (grouping is cheap), and under a budget the least held beside the worker.
-            "group", {.on = pool::cpu, .out = {automatic ? 1 : o.concurrency, 0}},
+            // Room for one group when helped, the least that keeps the worker busy
+            // (grouping is cheap) and the least held beside it.
+            "group", {.on = pool::cpu, .out = {helped ? 1 : o.concurrency, 0}},
             [o, checks](stage_setup& s) {
                 batch_setup<T>(o)(s);
                 if (checks) note_record_checks(s.internal.run, s.internal.at, false);  // passes them on whole
@@ -301,16 +385,19 @@ stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = f
             });
         auto collated = gated_stage(make_stage<G, host_batch>(
             "batch", {.concurrency = o.concurrency, .order = ordering::ordered, .on = pool::cpu, .out = o.out},
-            [checks, automatic](stage_setup& s) {
+            [checks](stage_setup& s) {
                 if (checks) note_record_checks(s.internal.run, s.internal.at, true);  // checks as it copies
-                // Under a memory budget, which counts one batch being collated, the
-                // automatic setting collates on one worker.
-                if (automatic && s.internal.shares) s.internal.workers = 1;
             },
-            [o, stamped](stage_context<G, host_batch>& ctx) {
+            [o, stamped, helped](stage_context<G, host_batch>& ctx) {
                 std::shared_ptr<buffer_source> mem = o.memory ? o.memory : ctx.memory;
-                return item_worker(ctx, [mem, stamped](G&& g, std::vector<host_batch>& out) {
-                    out.push_back(stamped(g.items, *mem, g.epoch, g.position));
+                std::optional<executor> helper;
+                std::atomic<std::uint64_t>* count = nullptr;
+                if (helped && ctx.rt.cpu_threads() >= 2) {
+                    helper = ctx.rt.cpu_executor();
+                    count = &ctx.stats.counter("helped_records");  // copied by the second thread
+                }
+                return item_worker(ctx, [mem, stamped, helper, count](G&& g, std::vector<host_batch>& out) {
+                    out.push_back(stamped(g.items, *mem, helper ? &*helper : nullptr, count, g.epoch, g.position));
                 });
             }));
         return group | collated;
@@ -324,7 +411,7 @@ stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = f
         [o, stamped](stage_context<T, host_batch>& ctx) {
             std::shared_ptr<buffer_source> mem = o.memory ? o.memory : ctx.memory;
             return batch_worker<T, host_batch>(ctx, o, [mem, stamped](std::vector<T>& g, std::uint32_t e, std::uint64_t pos) {
-                return stamped(g, *mem, e, pos);
+                return stamped(g, *mem, nullptr, nullptr, e, pos);
             });
         });
 }
@@ -333,9 +420,8 @@ stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = f
 /// Takes: records. Gives: host_batch, `size` records collated into one contiguous buffer
 /// with offsets, plus each record's source and index.
 /// Backpressure: holds one batch being filled plus `out` finished batches; with several
-/// collating workers (the default, see batch_options::concurrency), also the group each
-/// worker collates and the full groups waiting for them (one when automatic, else up to
-/// `concurrency`).
+/// collating workers (batch_options::concurrency above 1), also the group each worker
+/// collates and up to `concurrency` full groups waiting for them.
 /// Errors: upstream errors pass through after the batches before them; the partial batch
 /// being filled is dropped with the error. A TFRecord record whose data checksum was left
 /// to it (see tfrecord()) and fails is the parser's sluice::source_error, shard and offset,
@@ -345,7 +431,10 @@ stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = f
 template <class = void>  // compiled only where used (see make_stage)
 stage<record, host_batch> batch(batch_options o = {}) {
     return detail::collating_batch<record>(
-        o, [](std::vector<record>& g, buffer_source& mem) { return detail::collate_records(g, mem); },
+        o,
+        [](std::vector<record>& g, buffer_source& mem, const executor* helper, std::atomic<std::uint64_t>* helped) {
+            return detail::collate_records(g, mem, helper, helped);
+        },
         /*checks=*/true);
 }
 
@@ -362,7 +451,7 @@ stage<record, host_batch> batch(batch_options o = {}) {
 /// Example: `| sluice::batch({.size = 64}, [](std::vector<int>& v) { return sum(v); })`
 template <class F>
 auto batch(batch_options o, F collate) {
-    o = detail::with_collators(o, false);
+    o = detail::with_collators(o);
     auto make = [o, collate]<class T>() {
         if constexpr (!std::is_invocable_v<F&, std::vector<T>&>) {
             using why = detail::collate_mismatch<F, T>;

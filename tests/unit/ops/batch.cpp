@@ -234,7 +234,7 @@ TEST_CASE("batch's options reject nothing silently: threads with a collate is a 
     REQUIRE(f.find("group") != std::string::npos);  // grouping, then collation on 2 workers
 }
 
-TEST_CASE("batch of records collates on two workers by default, one under a memory budget, the same batches", "[batch]") {
+TEST_CASE("batch of records groups and collates on one worker by default, under a budget too, the same batches", "[batch]") {
     std::vector<std::string> texts;
     for (int i = 0; i < 1000; ++i) texts.push_back(std::string(std::size_t(i % 37), char('a' + i % 26)) + std::to_string(i));
     auto run = [&](sluice::batch_options o, sluice::pipeline_options po) {
@@ -251,23 +251,86 @@ TEST_CASE("batch of records collates on two workers by default, one under a memo
     const auto [one, f1] = run({.size = 64, .concurrency = 1}, {});
     REQUIRE(one.size() == 16);  // 15 of 64 and the last of 40
     REQUIRE(workers(f1, "group") == 0);  // one stage
-    const auto [automatic, fa] = run({.size = 64}, {});
-    REQUIRE(automatic == one);  // the same bytes, offsets and places in the sequence
-    if (std::thread::hardware_concurrency() >= 2) {
-        REQUIRE(workers(fa, "group") == 1);  // grouping, then collation on two workers
-        REQUIRE(workers(fa, "batch") == 2);
-    } else {
-        REQUIRE(workers(fa, "group") == 0);
+    for (std::size_t budget : {std::size_t{0}, std::size_t{64} << 20}) {
+        const auto [automatic, fa] = run({.size = 64}, {.memory = budget});
+        REQUIRE(automatic == one);  // the same bytes, offsets and places in the sequence
+        if (std::thread::hardware_concurrency() >= 2) {
+            REQUIRE(workers(fa, "group") == 1);  // grouping, then collation on one worker (helped)
+            REQUIRE(workers(fa, "batch") == 1);
+        } else {
+            REQUIRE(workers(fa, "group") == 0);
+        }
     }
-    // Under a budget the automatic setting collates on one worker.
-    const auto [budgeted, fb] = run({.size = 64}, {.memory = 64u << 20});
-    REQUIRE(budgeted == one);
-    if (std::thread::hardware_concurrency() >= 2) {
-        REQUIRE(workers(fb, "batch") == 1);  // the split stage, started with one worker
-        REQUIRE(workers(fb, "group") == 1);
-    }
+    const auto [two, f2] = run({.size = 64, .concurrency = 2}, {});
+    REQUIRE(two == one);
+    REQUIRE(workers(f2, "batch") == 2);
     // A user's collate function is not assumed thread-safe: one stage, one worker.
     sluice::pipeline u(sluice::from<int>({1, 2, 3}) | sluice::batch({.size = 2}, [](std::vector<int>& v) { return v.size(); }));
     for (auto n : u) REQUIRE(n > 0);
     REQUIRE(workers(u.figures(), "group") == 0);
+}
+
+namespace {
+// `n` records of 64 KiB (about 4 MiB a batch of 64), each byte telling its record apart.
+std::vector<sluice::record> large_records(std::size_t n) {
+    auto s = std::make_shared<const sluice::shard>(sluice::shard{"big", 0, 0});
+    std::vector<sluice::record> out;
+    for (std::size_t i = 0; i < n; ++i)
+        out.push_back({sluice::bytes::copy_of(std::string(std::size_t{64} << 10, char('A' + i % 50)) + std::to_string(i)),
+                       s, i, 0});
+    return out;
+}
+}  // namespace
+
+TEST_CASE("a large batch's copy shared by two threads gives the bytes of one, its first bad record in order", "[batch]") {
+    auto rs = large_records(100);
+    std::vector<std::uint64_t> offsets{0};
+    for (auto& r : rs) offsets.push_back(offsets.back() + r.data.size());
+    std::string want;
+    for (auto& r : rs) want += r.data.view();
+    // Records 70 and 31 carry a wrong TFRecord data checksum: whichever thread copies
+    // which, the first in record order is the one reported.
+    for (std::size_t i : {std::size_t{70}, std::size_t{31}}) rs[i].unchecked_crc32c = 12345;
+    for (int round = 0; round < 20; ++round) {
+        std::vector<std::byte> dst(offsets.back());
+        sluice::detail::collate_copy copy(rs, dst.data(), offsets, round % 2 == 0);
+        std::atomic<bool> go{false};
+        std::uint32_t by_helper = 0;
+        std::thread helper([&] {
+            while (!go.load()) std::this_thread::yield();
+            by_helper = copy.work();
+        });
+        go.store(true);
+        const std::uint32_t by_worker = copy.work();
+        const auto bad = copy.wait();
+        helper.join();
+        REQUIRE(by_worker + by_helper == rs.size());  // every record once
+        REQUIRE(std::string(reinterpret_cast<const char*>(dst.data()), dst.size()) == want);
+        REQUIRE(bad == std::optional<std::size_t>(31));
+        REQUIRE(copy.work() == 0);  // a helper that starts late takes nothing
+    }
+}
+
+TEST_CASE("batches of 4 MiB and more are the same bytes when the default collation shares their copy", "[batch]") {
+    auto run = [](unsigned concurrency) {
+        sluice::pipeline p(sluice::from(large_records(640)) | sluice::batch({.size = 64, .concurrency = concurrency}),
+                           {.runtime = {.cpu_threads = 2}});
+        std::vector<std::pair<std::string, std::vector<std::uint64_t>>> got;
+        for (auto& b : p) {
+            REQUIRE(b.byte_size() >= sluice::detail::helped_collation_bytes);
+            got.emplace_back(std::string(b.data.view()), b.offsets);
+            REQUIRE(b.key(63) == "big#" + std::to_string(got.size() * 64 - 1));
+        }
+        std::uint64_t helped = 0;
+        for (auto& s : p.figures().stages)
+            for (auto& [name, v] : s.counters)
+                if (name == "helped_records") helped += v;
+        return std::pair{got, helped};
+    };
+    const auto [one, none] = run(1);
+    REQUIRE(one.size() == 10);
+    REQUIRE(none == 0);  // one thread by hand: no helper
+    const auto [automatic, helped] = run(0);
+    REQUIRE(automatic == one);
+    REQUIRE(helped <= 640);  // how many the second thread took depends on timing
 }
