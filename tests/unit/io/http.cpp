@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <cstring>
 #include <fstream>
 #include <map>
 
@@ -53,6 +54,47 @@ TEST_CASE("fetch: objects from nginx arrive whole, streamed in chunks, many in f
     const auto f = p.figures();
     REQUIRE(counter(f, "fetch", "requests") == urls.size());
     REQUIRE(counter(f, "fetch", "retries") == 0);
+}
+
+TEST_CASE("fetch: libcurl's receive buffers are kept for the next transfer, not faulted in afresh", "[http]") {
+    using keeper = sluice::detail::curl_buffer_keeper;
+    // A keeper of its own: a block of the receive buffer's size comes back for the next
+    // request of that size, up to kept_max of them; other sizes go back to malloc.
+    {
+        keeper k;
+        void* a = k.take(keeper::block);
+        std::memset(a, 1, keeper::block);
+        k.give(a);
+        REQUIRE(k.kept() == 1);
+        REQUIRE(k.take(keeper::block) == a);
+        REQUIRE(k.reused() == 1);
+        k.give(a);
+        k.give(k.take(100));
+        k.give(nullptr);
+        REQUIRE(k.kept() == 1);  // not the receive buffer's size: freed
+        std::vector<void*> many;
+        for (std::size_t i = 0; i < keeper::kept_max + 5; ++i) many.push_back(k.take(keeper::block));
+        for (void* p : many) k.give(p);
+        REQUIRE(k.kept() == keeper::kept_max);  // the rest freed; these, by ~curl_buffer_keeper
+    }
+    REQUIRE(sluice::detail::curl_global());
+    auto& k = keeper::get();
+    // Through libcurl: this test program set libcurl up through sluice, so 40 transfers one
+    // after the other take their receive buffer from the keeper (all but the first few).
+    sluice_test::temp_dir www;
+    sluice_test::nginx_server nginx(www.path().string());
+    std::vector<std::string> urls;
+    for (int i = 0; i < 40; ++i) {
+        www.write("o" + std::to_string(i), std::string(std::size_t(1000 + i), 'x'));
+        urls.push_back(nginx.url("o" + std::to_string(i)));
+    }
+    const std::size_t before = k.reused();
+    std::size_t n = 0;
+    for (auto& rec : sluice::pipeline(sluice::list(urls) | sluice::plan() | sluice::fetch({.concurrency = 1}) | sluice::raw()))
+        n += rec.data.size() > 0;
+    REQUIRE(n == urls.size());
+    CHECK(k.reused() - before >= urls.size() / 2);  // a next transfer may start before the last one ends
+    CHECK(k.kept() <= keeper::kept_max);
 }
 
 TEST_CASE("fetch: an object's last bytes go on as its last chunk, without waiting for the transfer's end", "[http]") {

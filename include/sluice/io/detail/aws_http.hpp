@@ -3,6 +3,7 @@
 // container credentials) and how their error replies read: S3's and STS's XML, parsed
 // namespace-agnostic with pugixml.
 
+#include <sluice/io/detail/curl_global.hpp>
 #include <sluice/io/detail/s3_sign.hpp>
 
 #include <curl/curl.h>
@@ -103,8 +104,7 @@ struct blocking_request {
 /// (CURLE_ABORTED_BY_CALLBACK). `reuse`: an easy handle to reset and perform on (it keeps
 /// its connections for the next request); by default a fresh one.
 inline void blocking_call(const blocking_request& q, s3_reply& r, CURL* reuse = nullptr) {
-    static const bool global = [] { return curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK; }();
-    (void)global;
+    curl_global();
     CURL* e = reuse ? reuse : curl_easy_init();
     if (!e) {
         r.result = CURLE_OUT_OF_MEMORY;

@@ -18,6 +18,7 @@
 
 #include <sluice/core/bytes.hpp>
 #include <sluice/core/task.hpp>
+#include <sluice/io/detail/curl_global.hpp>
 #include <sluice/io/detail/s3_sign.hpp>
 
 #include <curl/curl.h>
@@ -159,8 +160,7 @@ private:
     };
 
     curl_engine() {
-        static const bool global = [] { return curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK; }();
-        (void)global;
+        curl_global();
         multi_ = curl_multi_init();
         curl_multi_setopt(multi_, CURLMOPT_PIPELINING, CURLPIPE_MULTIPLEX);
         curl_multi_setopt(multi_, CURLMOPT_MAX_HOST_CONNECTIONS, 0L);
@@ -258,7 +258,7 @@ private:
         curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, t.req.stall_seconds);
         curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
         curl_easy_setopt(e, CURLOPT_HTTP_VERSION, CURL_HTTP_VERSION_2TLS);  // h2 over TLS where offered
-        curl_easy_setopt(e, CURLOPT_BUFFERSIZE, 512L * 1024);
+        curl_easy_setopt(e, CURLOPT_BUFFERSIZE, curl_receive_buffer);
         curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, t.req.verify_tls ? 1L : 0L);
         curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, t.req.verify_tls ? 2L : 0L);
         if (!t.req.ca_file.empty()) curl_easy_setopt(e, CURLOPT_CAINFO, t.req.ca_file.c_str());
