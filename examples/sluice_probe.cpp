@@ -719,21 +719,26 @@ int main(int argc, char** argv) {
     // (every part that size), no cache and unordered.
     auto fetch_with = [&](unsigned k, unsigned min_k, std::uint64_t part, std::uint64_t max_part, sluice::ordering ord,
                           const std::string& cache, const std::string& shared_limit) {
-        return sluice::fetch({.concurrency = k,
-                              .min_concurrency = min_k,
-                              .order = ord,
-                              .chunk_size = std::min<std::size_t>(o.chunk_size, 1u << 20),
-                              .part_size = part,
-                              .max_part_size = max_part,
-                              .parts_in_flight = o.parts_in_flight,
-                              .retries = o.retries,
-                              .stall = std::chrono::seconds(o.stall),
-                              .ca_file = o.ca_file,
-                              .insecure = o.insecure,
-                              .s3 = o.s3,
-                              .cache = {.dir = cache, .max_bytes = o.cache_bytes},
-                              .shared_limit = shared_limit,
-                              .out = {16, o.channel_bytes}});
+        // Set field by field: GCC 12 warned (-Wmaybe-uninitialized, a false alarm) about the
+        // std::function inside cache_options of a designated-initializer temporary.
+        sluice::fetch_options f;
+        f.concurrency = k;
+        f.min_concurrency = min_k;
+        f.order = ord;
+        f.chunk_size = std::min<std::size_t>(o.chunk_size, 1u << 20);
+        f.part_size = part;
+        f.max_part_size = max_part;
+        f.parts_in_flight = o.parts_in_flight;
+        f.retries = o.retries;
+        f.stall = std::chrono::seconds(o.stall);
+        f.ca_file = o.ca_file;
+        f.insecure = o.insecure;
+        f.s3 = o.s3;
+        f.cache.dir = cache;
+        f.cache.max_bytes = o.cache_bytes;
+        f.shared_limit = shared_limit;
+        f.out = {16, o.channel_bytes};
+        return sluice::fetch(f);
     };
     auto read_with = [&](unsigned k, sluice::ordering ord) {
         return sluice::read({.chunk_size = o.chunk_size, .concurrency = k, .order = ord, .map = o.map,

@@ -319,7 +319,7 @@ TEST_CASE("states saved by 4 ranks resume on 2, and by 2 on 3: what no rank deli
         std::uint64_t cut;  // batches each old rank took
         bool counts;        // a counts file, or plan counts them itself
     };
-    for (const change c : {change{4, 2, "drop", 13, true}, change{2, 3, "pad", 40, false}, change{3, 1, "drop", 1, true}}) {
+    for (const change& c : {change{4, 2, "drop", 13, true}, change{2, 3, "pad", 40, false}, change{3, 1, "drop", 1, true}}) {
         INFO(c.from << " ranks -> " << c.to << ", share " << c.share << ", cut after " << c.cut);
         sluice_test::temp_dir run;
         const auto args = with(base, {"--share", c.share, "--counts-dir", run / "counts"});

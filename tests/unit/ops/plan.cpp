@@ -222,7 +222,7 @@ TEST_CASE("a change of world size shares what no old rank delivered equally, onc
             for (unsigned to : {1u, 2u, 3u, 5u}) {
                 INFO("share " << int(share) << ", " << from << " -> " << to);
                 const sluice::plan_options o{.seed = 3, .share = share};
-                sluice::detail::run_state::reshard rs{.epoch = 1, .world = from};
+                sluice::detail::run_state::reshard rs{.epoch = 1, .world = from, .records = 0, .positions = {}, .plan = {}};
                 std::vector<sluice::detail::run_state::replay> undelivered;
                 std::set<std::pair<std::string, std::uint64_t>> delivered, covered;
                 for (unsigned r = 0; r < from; ++r) {
@@ -276,7 +276,7 @@ TEST_CASE("a change of world size shares what no old rank delivered equally, onc
             }
         }
     }
-    sluice::detail::run_state::reshard wrong{.epoch = 0, .world = 2, .records = 5, .positions = {1, 1}};
+    sluice::detail::run_state::reshard wrong{.epoch = 0, .world = 2, .records = 5, .positions = {1, 1}, .plan = {}};
     std::uint64_t n = 0;
     REQUIRE_THROWS_WITH(sluice::detail::reshard_epoch(urls(13), c, {}, {0, 1, ""}, wrong, {{0, {}, 1}, {0, {}, 1}}, n),
                         Catch::Contains("the record counts now give"));
