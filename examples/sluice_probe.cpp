@@ -70,7 +70,8 @@ options:
   --drop-last            drop a last batch smaller than N
   --collate-threads C    CPU workers collating batches, each with a batch of its own
                          (default: one worker, joined on a batch of 4 MiB or more by
-                         one more thread of the CPU pool where it has 2; images: 1)
+                         one more thread of the CPU pool where it has 2 or more;
+                         images: 1)
   --device N             copy each batch to CUDA device N (to_device; the batch stage
                          collates into pinned memory); the probe waits for each copy.
                          `--device host`: the same path with the host copy engine

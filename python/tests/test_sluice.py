@@ -222,7 +222,7 @@ class Map(unittest.TestCase):
         one = batches(concurrency=1)
         self.assertEqual(len(one), 16)
         self.assertEqual(one[0][0], b"line 0")
-        self.assertEqual(batches(), one)  # automatic: 2 workers here, the same batches in order
+        self.assertEqual(batches(), one)  # automatic: grouping, then one worker helped on large batches; the same batches in order
         self.assertEqual(batches(concurrency=3), one)
 
     def test_an_exception_in_the_function_reaches_the_loop_with_its_traceback(self):

@@ -79,8 +79,13 @@ TEST_CASE("fetch: libcurl's receive buffers are kept for the next transfer, not 
     }
     REQUIRE(sluice::detail::curl_global());
     auto& k = keeper::get();
-    // Through libcurl: this test program set libcurl up through sluice, so 40 transfers one
-    // after the other take their receive buffer from the keeper (all but the first few).
+    curl_free(curl_easy_escape(nullptr, "a b", 3));  // a libcurl allocation: the keeper's, if installed
+    if (!k.used()) {
+        WARN("[test skipped] libcurl was set up before sluice in this process: its memory functions stand");
+        return;
+    }
+    // Through libcurl: 40 transfers one after the other take their receive buffer from the
+    // keeper (all but the first few).
     sluice_test::temp_dir www;
     sluice_test::nginx_server nginx(www.path().string());
     std::vector<std::string> urls;
@@ -94,7 +99,6 @@ TEST_CASE("fetch: libcurl's receive buffers are kept for the next transfer, not 
         n += rec.data.size() > 0;
     REQUIRE(n == urls.size());
     CHECK(k.reused() - before >= urls.size() / 2);  // a next transfer may start before the last one ends
-    CHECK(k.kept() <= keeper::kept_max);
 }
 
 TEST_CASE("fetch: an object's last bytes go on as its last chunk, without waiting for the transfer's end", "[http]") {
@@ -502,7 +506,7 @@ TEST_CASE("fetch: stop returns at once against a black-holed endpoint and during
 namespace {
 std::string http_get(const std::string& url) {
     std::string body;
-    CURL* e = curl_easy_init();
+    CURL* e = sluice::detail::curl_easy();
     curl_easy_setopt(e, CURLOPT_URL, url.c_str());
     curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, +[](char* p, std::size_t s, std::size_t n, void* ud) {
         static_cast<std::string*>(ud)->append(p, s * n);

@@ -80,7 +80,7 @@ private:
 std::string signed_request(const std::string& url, const sluice::detail::s3_auth& auth,
                            const std::vector<std::string>& extra = {}) {
     capture_server cap;
-    CURL* e = curl_easy_init();
+    CURL* e = sluice::detail::curl_easy();
     curl_slist* headers = nullptr;
     for (auto& h : extra) headers = curl_slist_append(headers, h.c_str());
     std::string sigv4;

@@ -104,8 +104,7 @@ struct blocking_request {
 /// (CURLE_ABORTED_BY_CALLBACK). `reuse`: an easy handle to reset and perform on (it keeps
 /// its connections for the next request); by default a fresh one.
 inline void blocking_call(const blocking_request& q, s3_reply& r, CURL* reuse = nullptr) {
-    curl_global();
-    CURL* e = reuse ? reuse : curl_easy_init();
+    CURL* e = reuse ? reuse : curl_easy();
     if (!e) {
         r.result = CURLE_OUT_OF_MEMORY;
         return;

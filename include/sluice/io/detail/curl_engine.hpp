@@ -235,7 +235,7 @@ private:
     }
 
     bool setup(http_transfer& t) {
-        t.easy = curl_easy_init();
+        t.easy = curl_easy();
         if (!t.easy) {
             finish(t, CURLE_OUT_OF_MEMORY);
             return false;

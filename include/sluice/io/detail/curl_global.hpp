@@ -8,20 +8,25 @@
 // (MADV_DONTNEED), so the next transfer's recv writes into pages the kernel must fault in
 // and zero again: for 2,000 objects of 50-150 KB, about half of all the process's page
 // faults (bench/RESULTS.md, issue 17). Blocks of that size are kept here instead, up to
-// `kept_max`; a block is reused only for a request of the size it was made for.
+// `kept_max`, and handed to the next request of that size. (A side effect: glibc raises
+// its mmap threshold when a mapped block is freed, and kept blocks are not freed, so
+// other allocations of 128-512 KiB stay mapped as glibc starts out; the benches showed
+// no cost.)
 //
-// curl_global_init_mem takes effect only when it is the process's first global set-up of
-// libcurl; where the program set libcurl up before sluice, its memory functions stand and
-// nothing is kept (the transfers work the same).
+// curl_global_init_mem takes effect only when it is the process's first set-up of
+// libcurl, explicit or by a first curl_easy_init: sluice calls curl_global() before each
+// of its own. Where the program set libcurl up before sluice, its memory functions stand
+// and nothing is kept (the transfers work the same; keeper.used() says which).
 
 #include <curl/curl.h>
 
 #include <malloc.h>
 
+#include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
-#include <vector>
 
 namespace sluice::detail {
 
@@ -36,9 +41,18 @@ public:
     /// stay resident only where a transfer wrote).
     static constexpr std::size_t kept_max = 64;
 
-    curl_buffer_keeper() { kept_.reserve(kept_max); }
+    // Slots, not a locked list: a process that forks while another thread is in here (a
+    // DataLoader's workers) must not inherit a held lock.
+    curl_buffer_keeper() {
+        // What the allocator makes of a request for `block` (glibc: a few bytes more on the
+        // heap, a page more when mapped; jemalloc: its next size class): a freed block
+        // whose usable size lies between `block` and that is a receive buffer's.
+        void* p = std::malloc(block);
+        largest_ = std::max(p ? ::malloc_usable_size(p) : block, block + 8192);
+        std::free(p);
+    }
     ~curl_buffer_keeper() {
-        for (void* p : kept_) std::free(p);
+        for (auto& s : slots_) std::free(s.exchange(nullptr));
     }
     curl_buffer_keeper(const curl_buffer_keeper&) = delete;
     curl_buffer_keeper& operator=(const curl_buffer_keeper&) = delete;
@@ -50,47 +64,45 @@ public:
     }
 
     void* take(std::size_t n) {
-        if (n == block) {
-            std::lock_guard lock(m_);
-            if (!kept_.empty()) {
-                void* p = kept_.back();
-                kept_.pop_back();
-                ++reused_;
-                return p;
-            }
-        }
+        used_.store(true, std::memory_order_relaxed);
+        if (n == block)
+            for (auto& s : slots_)
+                if (s.load(std::memory_order_relaxed))
+                    if (void* p = s.exchange(nullptr, std::memory_order_acquire)) {
+                        reused_.fetch_add(1, std::memory_order_relaxed);
+                        return p;
+                    }
         return std::malloc(n);
     }
     void give(void* p) {
         if (!p) return;
         // Any malloc'd block that holds `block` bytes serves a later take(block): the
-        // receive buffers, from the heap or (the first few, before glibc raises its mmap
-        // threshold) mapped whole pages.
+        // receive buffers, from the heap or mapped whole pages.
         const std::size_t usable = ::malloc_usable_size(p);
-        if (usable >= block && usable <= block + 8192) {
-            std::lock_guard lock(m_);
-            if (kept_.size() < kept_max) {
-                kept_.push_back(p);
-                return;
+        if (usable >= block && usable <= largest_)
+            for (auto& s : slots_) {
+                void* none = nullptr;
+                if (!s.load(std::memory_order_relaxed) && s.compare_exchange_strong(none, p, std::memory_order_release))
+                    return;
             }
-        }
         std::free(p);
     }
 
-    /// Blocks kept now, and how many take(block) calls were served from them.
-    std::size_t kept() {
-        std::lock_guard lock(m_);
-        return kept_.size();
+    /// Blocks kept now; take(block) calls served from them; whether libcurl ever called in
+    /// (false: the program set libcurl up before sluice, with its own memory functions).
+    std::size_t kept() const {
+        std::size_t n = 0;
+        for (auto& s : slots_) n += s.load(std::memory_order_relaxed) != nullptr;
+        return n;
     }
-    std::size_t reused() {
-        std::lock_guard lock(m_);
-        return reused_;
-    }
+    std::size_t reused() const { return reused_.load(std::memory_order_relaxed); }
+    bool used() const { return used_.load(std::memory_order_relaxed); }
 
 private:
-    std::mutex m_;
-    std::vector<void*> kept_;
-    std::size_t reused_ = 0;
+    std::array<std::atomic<void*>, kept_max> slots_{};
+    std::size_t largest_ = block;
+    std::atomic<std::size_t> reused_{0};
+    std::atomic<bool> used_{false};
 };
 
 inline void* curl_keeper_malloc(std::size_t n) { return curl_buffer_keeper::get().take(n); }
@@ -110,6 +122,12 @@ inline bool curl_global() {
                                     &curl_keeper_strdup, &curl_keeper_calloc) == CURLE_OK;
     }();
     return ok;
+}
+
+/// A new easy handle, libcurl set up first (sluice's every easy handle comes from here).
+inline CURL* curl_easy() {
+    curl_global();
+    return curl_easy_init();
 }
 
 }  // namespace sluice::detail

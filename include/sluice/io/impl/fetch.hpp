@@ -284,7 +284,7 @@ inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o, std::ve
 class remote_access final : public shard_access {
 public:
     remote_access(std::shared_ptr<fetch_run> run, fetch_options o, std::stop_token stop)
-        : run_(std::move(run)), o_(std::move(o)), stop_(std::move(stop)), e_(curl_easy_init()) {}
+        : run_(std::move(run)), o_(std::move(o)), stop_(std::move(stop)), e_(curl_easy()) {}
     ~remote_access() override {
         if (e_) curl_easy_cleanup(e_);
     }
