@@ -64,7 +64,7 @@ public:
     }
 
     void* take(std::size_t n) {
-        used_.store(true, std::memory_order_relaxed);
+        note_used();
         if (n == block)
             for (auto& s : slots_)
                 if (s.load(std::memory_order_relaxed))
@@ -97,6 +97,9 @@ public:
     }
     std::size_t reused() const { return reused_.load(std::memory_order_relaxed); }
     bool used() const { return used_.load(std::memory_order_relaxed); }
+    void note_used() noexcept {
+        if (!used_.load(std::memory_order_relaxed)) used_.store(true, std::memory_order_relaxed);  // no write per call
+    }
 
 private:
     std::array<std::atomic<void*>, kept_max> slots_{};
@@ -110,10 +113,17 @@ inline void curl_keeper_free(void* p) { curl_buffer_keeper::get().give(p); }
 inline void* curl_keeper_realloc(void* p, std::size_t n) {
     // A kept-size block grown or shrunk is libcurl's ordinary realloc; the result is any
     // malloc'd block, which give() tells apart by its usable size.
+    curl_buffer_keeper::get().note_used();
     return std::realloc(p, n);
 }
-inline char* curl_keeper_strdup(const char* s) { return ::strdup(s); }
-inline void* curl_keeper_calloc(std::size_t n, std::size_t size) { return std::calloc(n, size); }
+inline char* curl_keeper_strdup(const char* s) {
+    curl_buffer_keeper::get().note_used();
+    return ::strdup(s);
+}
+inline void* curl_keeper_calloc(std::size_t n, std::size_t size) {
+    curl_buffer_keeper::get().note_used();
+    return std::calloc(n, size);
+}
 
 /// libcurl's global set-up, once per process: true when it succeeded.
 inline bool curl_global() {
