@@ -112,7 +112,8 @@ public:
 ///
 /// Requests are rounded up to a size class (four classes per power of two, so at most 25%
 /// is wasted) and a freed buffer serves later requests of its class; a request of 4 MiB
-/// or more whose class has none may get one of up to twice its class. Recycling matters: a
+/// or more whose class has none may get one of up to twice its class, and fresh memory
+/// for it is made one class larger unless its size is a class (see allocate). Recycling matters: a
 /// fresh large allocation costs a page fault per 4 KiB on first touch, and glibc returns
 /// freed memory to the system and faults it in again when records of a few hundred KiB
 /// churn (measured: the shuffle stage spent most of its time in page faults before it
@@ -153,7 +154,14 @@ public:
                     cached_ -= c;
                 }
         }
-        if (!b) b = std::make_unique<buffer>(cap);
+        // Fresh memory from 4 MiB up, for a size that is not itself a class, is one class
+        // larger than asked for: its pages are faulted in only as far as they are
+        // written, and it then also serves the next class's requests. Such sizes are sums
+        // of ragged records (batches), which straddle class boundaries: 256 objects of
+        // 50-150 KB sum to 24-25 MiB, across the 24 MiB boundary, and without the
+        // headroom half of those batches found only smaller cached buffers and faulted in
+        // fresh ones. Fixed sizes (4 MiB read chunks) are asked for again as they are.
+        if (!b) b = std::make_unique<buffer>(cap >= larger_from && cap != size ? size_class(cap + 1) : cap);
         // The deleter holds a weak reference: buffers may outlive the pool.
         return std::shared_ptr<buffer>(b.release(), [w = weak_from_this()](buffer* p) {
             if (auto pool = w.lock()) pool->recycle(std::unique_ptr<buffer>(p));
