@@ -106,6 +106,10 @@ public:
     /// A buffer of at least `size` bytes, returned to its source when the last owner drops
     /// it.
     virtual std::shared_ptr<buffer> allocate(std::size_t size) = 0;
+    /// The same, for a size that varies from one request to the next (a batch of ragged
+    /// records): a source may make fresh memory larger, so that it also serves the next,
+    /// somewhat larger request. By default, allocate.
+    virtual std::shared_ptr<buffer> allocate_varying(std::size_t size) { return allocate(size); }
 };
 
 /// Recycles freed buffers, by size class, up to `max_cached_bytes` of them.
@@ -113,8 +117,8 @@ public:
 /// Requests are rounded up to a size class (four classes per power of two, so at most 25%
 /// is wasted) and a freed buffer serves later requests of its class; a request of 4 MiB
 /// or more whose class has none may get one of up to twice its class, and fresh memory
-/// for it is made one class larger unless its size is a class (see allocate). Recycling matters: a
-/// fresh large allocation costs a page fault per 4 KiB on first touch, and glibc returns
+/// for a varying size of 4 MiB or more is made one class larger (allocate_varying).
+/// Recycling matters: a fresh large allocation costs a page fault per 4 KiB on first touch, and glibc returns
 /// freed memory to the system and faults it in again when records of a few hundred KiB
 /// churn (measured: the shuffle stage spent most of its time in page faults before it
 /// allocated here). Requests below 16 KiB are not pooled (malloc serves them well).
@@ -136,7 +140,32 @@ public:
         return (size + step - 1) / step * step;
     }
 
-    std::shared_ptr<buffer> allocate(std::size_t size) override {
+    std::shared_ptr<buffer> allocate(std::size_t size) override { return allocate(size, size_class(size)); }
+
+    /// Fresh memory for a size of 4 MiB or more that is not itself a class is made one
+    /// class larger, where two such buffers fit in the cache; cached buffers are served
+    /// as by allocate. Only written pages are faulted in, so the headroom costs no
+    /// resident memory, and the buffer then also serves the next class's requests.
+    /// Batches of ragged records straddle class boundaries: 256 objects of 50-150 KB sum
+    /// to 24-25 MiB, across the 24 MiB boundary, and without the headroom the batches of
+    /// the 28 MiB class found only the 24 MiB class's buffers cached, and faulted in fresh
+    /// ones.
+    std::shared_ptr<buffer> allocate_varying(std::size_t size) override {
+        const std::size_t cap = size_class(size);
+        const std::size_t larger = size_class(cap + 1);
+        if (cap < larger_from || cap == size || larger > max_cached_ / 2) return allocate(size);
+        return allocate(size, larger);
+    }
+
+    std::size_t cached_bytes() const {
+        std::lock_guard lock(m_);
+        return cached_;
+    }
+
+private:
+    explicit buffer_pool(std::size_t max_cached) : max_cached_(max_cached) {}
+    // A request of `size` bytes; `fresh`: the capacity of new memory, if none is cached.
+    std::shared_ptr<buffer> allocate(std::size_t size, std::size_t fresh) {
         const std::size_t cap = size_class(size);
         if (cap < min_pooled) return std::make_shared<buffer>(cap);
         std::unique_ptr<buffer> b;
@@ -154,14 +183,7 @@ public:
                     cached_ -= c;
                 }
         }
-        // Fresh memory from 4 MiB up, for a size that is not itself a class, is one class
-        // larger than asked for: its pages are faulted in only as far as they are
-        // written, and it then also serves the next class's requests. Such sizes are sums
-        // of ragged records (batches), which straddle class boundaries: 256 objects of
-        // 50-150 KB sum to 24-25 MiB, across the 24 MiB boundary, and without the
-        // headroom half of those batches found only smaller cached buffers and faulted in
-        // fresh ones. Fixed sizes (4 MiB read chunks) are asked for again as they are.
-        if (!b) b = std::make_unique<buffer>(cap >= larger_from && cap != size ? size_class(cap + 1) : cap);
+        if (!b) b = std::make_unique<buffer>(fresh);
         // The deleter holds a weak reference: buffers may outlive the pool.
         return std::shared_ptr<buffer>(b.release(), [w = weak_from_this()](buffer* p) {
             if (auto pool = w.lock()) pool->recycle(std::unique_ptr<buffer>(p));
@@ -169,13 +191,6 @@ public:
         });
     }
 
-    std::size_t cached_bytes() const {
-        std::lock_guard lock(m_);
-        return cached_;
-    }
-
-private:
-    explicit buffer_pool(std::size_t max_cached) : max_cached_(max_cached) {}
     void recycle(std::unique_ptr<buffer> b) {
         std::lock_guard lock(m_);
         if (cached_ + b->capacity() > max_cached_) return;  // b freed on return

@@ -205,11 +205,15 @@ inline host_batch collate_records(std::vector<record>& rs, buffer_source& mem, c
     b.indices.reserve(rs.size());
     std::uint64_t total = 0;
     b.offsets.push_back(0);
+    bool ragged = false;
     for (auto& r : rs) {
+        ragged = ragged || r.data.size() != rs.front().data.size();
         total += r.data.size();
         b.offsets.push_back(total);
     }
-    auto buf = mem.allocate(total);
+    // Records of different sizes make batches of different sizes: memory that may also
+    // serve the next, larger batch (buffer_source::allocate_varying).
+    auto buf = ragged ? mem.allocate_varying(total) : mem.allocate(total);
     // Streaming stores pay off once the batch is well beyond the L2 cache.
     const bool stream = total >= (std::size_t{4} << 20);
     auto copy = std::make_shared<collate_copy>(rs, buf->data(), b.offsets, stream);

@@ -35,58 +35,63 @@ TEST_CASE("freed buffers return to the pool and serve later requests of their si
 }
 
 TEST_CASE("a request whose class is empty reuses a cached buffer up to twice its size, not larger", "[bytes]") {
-    auto pool = sluice::buffer_pool::create(128 << 20);
+    auto pool = sluice::buffer_pool::create(64 << 20);
     const std::byte* big = nullptr;
     {
         auto a = pool->allocate(26'214'400);  // a batch of 256 x 100 KiB: the 28 MiB class
         big = a->data();
-        REQUIRE(a->capacity() == (32u << 20));  // fresh from 4 MiB up: one class larger
     }
-    REQUIRE(pool->cached_bytes() == (32u << 20));
-    auto tiny = pool->allocate(1 << 20);  // 32 MiB is far more than twice 1 MiB: fresh
+    REQUIRE(pool->cached_bytes() == (28u << 20));
+    auto tiny = pool->allocate(1 << 20);  // 28 MiB is far more than twice 1 MiB: fresh
     REQUIRE(tiny->data() != big);
-    REQUIRE(tiny->capacity() == (1u << 20));  // under 4 MiB: its own class, no headroom
-    auto below = pool->allocate(14'000'000);  // five classes below 32 MiB: more than twice, fresh
+    REQUIRE(tiny->capacity() == (1u << 20));
+    auto below = pool->allocate(12u << 20);  // five classes below 28 MiB: more than twice, fresh
     REQUIRE(below->data() != big);
-    REQUIRE(below->capacity() == (16u << 20));
-    auto last = pool->allocate(16'000'000);  // the epoch's last, smaller batch: the 16 MiB class
-    REQUIRE(last->data() == big);  // 32 MiB is at most twice 16 MiB: reused
-    REQUIRE(last->capacity() == (32u << 20));
+    REQUIRE(below->capacity() == (12u << 20));
+    auto last = pool->allocate(13'107'200);  // the epoch's last, half batch: the 14 MiB class
+    REQUIRE(last->data() == big);  // 28 MiB is at most twice 14 MiB: reused
+    REQUIRE(last->capacity() == (28u << 20));
     REQUIRE(pool->cached_bytes() == 0);
     last.reset();
-    REQUIRE(pool->cached_bytes() == (32u << 20));  // back to its own class
+    REQUIRE(pool->cached_bytes() == (28u << 20));  // back to its own class
     REQUIRE(pool->allocate(26'214'400)->data() == big);
-    // Batches of ragged records straddle a class boundary: one of the 24 MiB class, made
-    // fresh, also serves the next batch of the 28 MiB class (without the headroom that
-    // batch would fault in 28 MiB of fresh memory).
-    below.reset();
-    const std::byte* b24 = nullptr;
-    {
-        auto a = pool->allocate(25'000'000);  // the 24 MiB class; the cache has 16 and 32 MiB
-        REQUIRE(a->data() == big);            // 32 MiB is at most twice 24 MiB: reused
-    }
-    {
-        auto hold = pool->allocate(30'000'000);  // takes the 32 MiB buffer
-        REQUIRE(hold->data() == big);
-        auto a = pool->allocate(25'000'000);  // the 16 MiB buffer is too small: fresh
-        b24 = a->data();
-        REQUIRE(a->capacity() == (28u << 20));
-    }
-    REQUIRE(pool->allocate(29'000'000)->data() == b24);  // the 28 MiB class finds it
     // Under 4 MiB a request keeps its class (records a shuffle holds must not take
     // buffers twice their size): a cached 3 MiB buffer does not serve 2 MiB.
     const std::byte* three = nullptr;
     {
         auto b = pool->allocate(3u << 20);
         three = b->data();
-        REQUIRE(b->capacity() == (3u << 20));
     }
     auto two = pool->allocate(2u << 20);
     REQUIRE(two->data() != three);
     REQUIRE(two->capacity() == (2u << 20));
     REQUIRE(pool->allocate(3u << 20)->data() == three);
-    // From 4 MiB up, a size that is itself a class (a 4 MiB read chunk) gets no headroom.
-    REQUIRE(pool->allocate(4u << 20)->capacity() == (4u << 20));
+}
+
+TEST_CASE("a varying size gets fresh memory one class larger, which then serves the next class too", "[bytes]") {
+    auto pool = sluice::buffer_pool::create(128 << 20);
+    // Batches of ragged records straddle a class boundary (24 and 28 MiB here): the
+    // first, of the 24 MiB class, is made 28 MiB and serves the second.
+    const std::byte* first = nullptr;
+    {
+        auto a = pool->allocate_varying(25'000'000);  // the 24 MiB class
+        first = a->data();
+        REQUIRE(a->capacity() == (28u << 20));
+    }
+    REQUIRE(pool->allocate_varying(29'000'000)->data() == first);  // the 28 MiB class
+    // Cached buffers are served as allocate serves them: the 28 MiB buffer, not a fresh one.
+    REQUIRE(pool->allocate_varying(25'000'000)->data() == first);
+    // Fixed sizes: allocate keeps the class; a varying size that is itself a class too.
+    REQUIRE(pool->allocate(26'214'400)->capacity() == (28u << 20));
+    {
+        auto hold = pool->allocate(29'000'000);  // takes the 28 MiB buffer
+        REQUIRE(pool->allocate_varying(24u << 20)->capacity() == (24u << 20));
+    }
+    // Under 4 MiB: no headroom (records a shuffle holds keep their class).
+    REQUIRE(pool->allocate_varying(3'000'000)->capacity() == sluice::buffer_pool::size_class(3'000'000));
+    // None where two of the larger buffers would not fit in the cache: it could not keep one.
+    auto small = sluice::buffer_pool::create(50 << 20);
+    REQUIRE(small->allocate_varying(25'000'000)->capacity() == (24u << 20));
 }
 
 TEST_CASE("the pool caches at most its budget, and buffers may outlive it", "[bytes]") {

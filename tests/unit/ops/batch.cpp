@@ -328,6 +328,25 @@ TEST_CASE("a large batch's copy shared by two threads gives the bytes of one, it
     }
 }
 
+TEST_CASE("collate_records asks for memory of a varying size only when the batch's records differ in size", "[batch]") {
+    auto mem = sluice::buffer_pool::create();
+    auto s = std::make_shared<const sluice::shard>(sluice::shard{"even", 0, 0});
+    std::vector<sluice::record> even;
+    for (std::size_t i = 0; i < 70; ++i)
+        even.push_back({sluice::bytes::copy_of(std::string(std::size_t{64} << 10, char('a' + i % 26))), s, i, 0});
+    const std::size_t total = 70u * (64u << 10);  // 4.375 MiB: the 5 MiB class
+    {
+        const sluice::host_batch b = sluice::detail::collate_records(even, *mem);
+        REQUIRE(b.data.size() == total);
+        REQUIRE(b.data.owner_capacity() == sluice::buffer_pool::size_class(total));  // fixed: its class
+    }
+    auto fresh = sluice::buffer_pool::create();
+    auto ragged = large_records(70);  // 64 KiB and a number each: sizes differ
+    const sluice::host_batch b = sluice::detail::collate_records(ragged, *fresh);
+    REQUIRE(b.data.owner_capacity() ==
+            sluice::buffer_pool::size_class(sluice::buffer_pool::size_class(b.data.size()) + 1));  // one class larger
+}
+
 TEST_CASE("collate_records with a helper that runs only after the batch is done: the worker copies all", "[batch]") {
     // An executor whose work runs when asked: the helper task is posted, the worker copies
     // every record and returns, and the helper, run afterwards (the records and the batch
