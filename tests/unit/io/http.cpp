@@ -77,6 +77,21 @@ TEST_CASE("fetch: libcurl's receive buffers are kept for the next transfer, not 
         for (void* p : many) k.give(p);
         REQUIRE(k.kept() == keeper::kept_max);  // the rest freed; these, by ~curl_buffer_keeper
     }
+    {
+        // No more kept than receive buffers were made: a block of about that size that is
+        // not one (what a paused transfer received, which libcurl holds until it resumes)
+        // is freed once as many are kept as transfers ever needed at once.
+        keeper k;
+        k.give(k.take(keeper::block + 100));
+        REQUIRE(k.kept() == 0);  // no receive buffer was ever made
+        void* a = k.take(keeper::block);
+        k.give(a);
+        REQUIRE(k.kept() == 1);
+        for (int i = 0; i < 10; ++i) k.give(k.take(keeper::block + 100));
+        REQUIRE(k.kept() == 1);  // 32 MiB of such blocks once filled every slot
+        REQUIRE(k.take(keeper::block) == a);
+        k.give(a);
+    }
     REQUIRE(sluice::detail::curl_global());
     auto& k = keeper::get();
     curl_free(curl_easy_escape(nullptr, "a b", 3));  // a libcurl allocation: the keeper's, if installed

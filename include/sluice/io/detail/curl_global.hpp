@@ -65,25 +65,35 @@ public:
 
     void* take(std::size_t n) {
         note_used();
-        if (n == block)
+        if (n == block) {
             for (auto& s : slots_)
                 if (s.load(std::memory_order_relaxed))
                     if (void* p = s.exchange(nullptr, std::memory_order_acquire)) {
+                        kept_n_.fetch_sub(1, std::memory_order_relaxed);
                         reused_.fetch_add(1, std::memory_order_relaxed);
                         return p;
                     }
+            minted_.fetch_add(1, std::memory_order_relaxed);  // a receive buffer none kept could serve
+        }
         return std::malloc(n);
     }
     void give(void* p) {
         if (!p) return;
         // Any malloc'd block that holds `block` bytes serves a later take(block): the
-        // receive buffers, from the heap or mapped whole pages.
+        // receive buffers, from the heap or mapped whole pages. But no more are kept than
+        // receive buffers were ever made fresh (about the most transfers at once): blocks
+        // of that size that are not receive buffers (what a paused transfer had received,
+        // kept by libcurl until it resumes) would otherwise fill every slot in time, 32
+        // MiB resident that no transfer asks for.
         const std::size_t usable = ::malloc_usable_size(p);
-        if (usable >= block && usable <= largest_)
+        if (usable >= block && usable <= largest_ &&
+            kept_n_.load(std::memory_order_relaxed) < minted_.load(std::memory_order_relaxed))
             for (auto& s : slots_) {
                 void* none = nullptr;
-                if (!s.load(std::memory_order_relaxed) && s.compare_exchange_strong(none, p, std::memory_order_release))
+                if (!s.load(std::memory_order_relaxed) && s.compare_exchange_strong(none, p, std::memory_order_release)) {
+                    kept_n_.fetch_add(1, std::memory_order_relaxed);
                     return;
+                }
             }
         std::free(p);
     }
@@ -103,6 +113,8 @@ public:
 
 private:
     std::array<std::atomic<void*>, kept_max> slots_{};
+    std::atomic<long> kept_n_{0};   // blocks in slots_ (approximate between threads)
+    std::atomic<long> minted_{0};   // take(block) calls served by malloc
     std::size_t largest_ = block;
     std::atomic<std::size_t> reused_{0};
     std::atomic<bool> used_{false};
