@@ -118,9 +118,9 @@ public:
 /// is wasted) and a freed buffer serves later requests of its class; a request of 4 MiB
 /// or more whose class has none may get one of up to twice its class, and fresh memory
 /// for a varying size of 4 MiB or more is made one class larger (allocate_varying).
-/// Recycling matters: a fresh large allocation costs a page fault per 4 KiB on first touch, and glibc returns
-/// freed memory to the system and faults it in again when records of a few hundred KiB
-/// churn (measured: the shuffle stage spent most of its time in page faults before it
+/// Recycling matters: a fresh large allocation costs a page fault per 4 KiB on first
+/// touch, and glibc returns freed memory to the system and faults it in again when
+/// records of a few hundred KiB churn (measured: the shuffle stage spent most of its time in page faults before it
 /// allocated here). Requests below 16 KiB are not pooled (malloc serves them well).
 class buffer_pool final : public buffer_source, public std::enable_shared_from_this<buffer_pool> {
 public:
