@@ -162,6 +162,13 @@ public:
         return send_awaiter{*this, std::move(v), wait_ns};
     }
 
+    class room_awaiter;
+    /// `co_await ch.room()`: true once the channel has room for an item, without sending
+    /// one (for a channel of one item: once what was sent last has been taken); false when
+    /// it was cancelled or closed. It waits in line with senders, and another sender may
+    /// take the room before this one sends. `wait_ns` as for send.
+    room_awaiter room(detail::wait_meter wait_ns = {}) { return room_awaiter{*this, wait_ns}; }
+
     /// Blocking send for an ordinary thread.
     bool send_blocking(T v) {
         const std::size_t weight = weigh(v);
@@ -367,7 +374,7 @@ private:
     void admit_senders() {
         while (!senders_.empty() && has_room(senders_.head->weight)) {
             auto* w = senders_.pop();
-            push_locked(std::move(*w->item), w->weight);
+            if (w->item) push_locked(std::move(*w->item), w->weight);  // a room() waiter takes no place
             w->ok = true;
             w->wake();
         }
@@ -415,6 +422,42 @@ public:
     private:
         channel& ch_;
         T item_;
+        detail::wait_meter wait_ns_;
+        std::uint64_t t0_ = 0;
+        send_waiter w_;
+    };
+
+    class room_awaiter {
+    public:
+        room_awaiter(channel& ch, detail::wait_meter wait_ns) : ch_(ch), wait_ns_(wait_ns) {}
+        bool await_ready() {  // see send_awaiter on the mutex
+            ch_.m_.lock();
+            if (ch_.cancelled_ || ch_.closed_) {
+                w_.ok = false;
+            } else if (ch_.senders_.empty() && ch_.has_room(0)) {
+                w_.ok = true;
+            } else {
+                return false;
+            }
+            ch_.m_.unlock();
+            return true;
+        }
+        template <class P>
+        void await_suspend(std::coroutine_handle<P> h) {
+            w_.h = h;
+            w_.ex = h.promise().ex;
+            w_.item = nullptr;  // admit_senders wakes it without pushing anything
+            if (wait_ns_) t0_ = detail::now_ns();
+            ch_.senders_.push(&w_);
+            ch_.m_.unlock();  // last touch of *this
+        }
+        bool await_resume() {
+            if (t0_) wait_ns_.add(t0_, detail::now_ns());
+            return w_.ok;
+        }
+
+    private:
+        channel& ch_;
         detail::wait_meter wait_ns_;
         std::uint64_t t0_ = 0;
         send_waiter w_;

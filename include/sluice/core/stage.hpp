@@ -179,6 +179,36 @@ public:
         return send_op{ch_->send(std::move(v), c_->output_meter()), c_, n, life_};
     }
 
+    struct room_op {
+        typename channel<Out>::room_awaiter aw;
+        detail::worker_life* life;
+        bool parking = false;
+        bool await_ready() {
+            if (life && life->told) {
+                parking = true;
+                return false;
+            }
+            return aw.await_ready();
+        }
+        template <class P>
+        void await_suspend(std::coroutine_handle<P> h) {
+            if (parking) detail::park(*life);
+            else aw.await_suspend(h);
+        }
+        void await_resume() {
+            if (!aw.await_resume()) {
+                if (life) life->told = true;
+                throw detail::stopped{};
+            }
+        }
+    };
+    /// `co_await out.room()`: suspends until downstream has room for another item, sending
+    /// nothing; the wait counts as output wait. For a channel of one item: until the item
+    /// sent last was taken, so a stage can hand over one item at a time and hold the next
+    /// only once the last is being worked on (batch's group stage under a memory budget).
+    /// Stopping as for send.
+    room_op room() { return room_op{ch_->room(c_->output_meter()), life_}; }
+
 private:
     channel<Out>* ch_;
     worker_counters* c_;

@@ -282,9 +282,11 @@ struct collate_mismatch<F, T> {
     using expected = std::conditional_t<other_element, elem, arg>;
 };
 
-// `collate(group, epoch, position)` makes one output.
+// `collate(group, epoch, position)` makes one output. `one_at_a_time`: after each send,
+// wait until the output was taken before taking more input, so that with a channel of one
+// item the worker holds one group and the next stage one (see collating_batch).
 template <class T, class Out, class F>
-task<void> batch_worker(stage_context<T, Out>& ctx, batch_options o, F collate) {
+task<void> batch_worker(stage_context<T, Out>& ctx, batch_options o, F collate, bool one_at_a_time = false) {
     const std::size_t n = o.size ? o.size : 1;
     // Each open epoch: its partial batch and how many of its records arrived. In order
     // (deterministic) one is open at a time. With an unordered stage above, an epoch's
@@ -314,6 +316,10 @@ task<void> batch_worker(stage_context<T, Out>& ctx, batch_options o, F collate) 
         if (ctx.internal.run) ctx.internal.run->push_stamp({e, g.seen});  // see pipeline::state()
         return out;
     };
+    auto send = [&](Out v) -> task<void> {
+        co_await ctx.out.send(std::move(v));
+        if (one_at_a_time) co_await ctx.out.room();
+    };
     auto size_of = [&](std::uint32_t e) { return ctx.internal.run ? ctx.internal.run->epoch_records(e) : std::nullopt; };
     while (auto item = co_await ctx.in.next()) {
         const std::uint32_t e = epoch_of(*item).value_or(0);
@@ -321,7 +327,7 @@ task<void> batch_worker(stage_context<T, Out>& ctx, batch_options o, F collate) 
         if (!size_of(e))
             while (!open.empty() && open.begin()->first < e) {
                 auto& [f, g] = *open.begin();
-                if (!g.group.empty() && !o.drop_last) co_await ctx.out.send(flush(f, g));
+                if (!g.group.empty() && !o.drop_last) co_await send(flush(f, g));
                 else check_dropped(g.group);
                 open.erase(open.begin());
             }
@@ -330,16 +336,16 @@ task<void> batch_worker(stage_context<T, Out>& ctx, batch_options o, F collate) 
         if (g.seen > g.skip_below) {
             g.group.reserve(n);
             g.group.push_back(std::move(*item));
-            if (g.group.size() == n) co_await ctx.out.send(flush(e, g));
+            if (g.group.size() == n) co_await send(flush(e, g));
         }
         if (auto size = size_of(e); size && g.seen >= *size) {  // the epoch's last record
-            if (!g.group.empty() && !o.drop_last) co_await ctx.out.send(flush(e, g));
+            if (!g.group.empty() && !o.drop_last) co_await send(flush(e, g));
             else check_dropped(g.group);
             open.erase(e);
         }
     }
     for (auto& [e, g] : open)
-        if (!g.group.empty() && !o.drop_last) co_await ctx.out.send(flush(e, g));
+        if (!g.group.empty() && !o.drop_last) co_await send(flush(e, g));
         else check_dropped(g.group);
 }
 }  // namespace detail
@@ -375,18 +381,26 @@ stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = f
     const bool helped = automatic && can_help && std::thread::hardware_concurrency() >= 2;
     if (o.concurrency > 1 || helped) {
         using G = item_group<T>;
+        struct group_run {
+            bool one_at_a_time;
+        };
         auto group = make_stage<T, G>(
             // Room for one group when helped, the least that keeps the worker busy
             // (grouping is cheap) and the least held beside it.
             "group", {.on = pool::cpu, .out = {helped ? 1 : o.concurrency, 0}},
-            [o, checks](stage_setup& s) {
+            [o, checks, helped](stage_setup& s) {
                 batch_setup<T>(o)(s);
                 if (checks) note_record_checks(s.internal.run, s.internal.at, false);  // passes them on whole
+                // Under a memory budget (shares: null without one), helped: the next group is
+                // filled only once the last one is being collated, so two groups' records
+                // are held (the one collated, the one filled) and not a third waiting
+                // between them. The collator still finds the next group ready.
+                return std::make_shared<group_run>(group_run{helped && s.internal.shares != nullptr});
             },
-            [o](stage_context<T, G>& ctx) {
-                return batch_worker<T, G>(ctx, o, [](std::vector<T>& g, std::uint32_t e, std::uint64_t pos) {
-                    return G{std::move(g), e, pos};
-                });
+            [o](stage_context<T, G>& ctx, group_run& run) {
+                return batch_worker<T, G>(
+                    ctx, o, [](std::vector<T>& g, std::uint32_t e, std::uint64_t pos) { return G{std::move(g), e, pos}; },
+                    run.one_at_a_time);
             });
         auto collated = gated_stage(make_stage<G, host_batch>(
             "batch", {.concurrency = o.concurrency, .order = ordering::ordered, .on = pool::cpu, .out = o.out},
@@ -401,7 +415,8 @@ stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = f
                     helper = ctx.rt.cpu_executor();
                     count = &ctx.stats.counter("helped_records");  // copied by the second thread
                 }
-                return item_worker(ctx, [mem, stamped, helper, count](G&& g, std::vector<host_batch>& out) {
+                return item_worker(ctx, [mem, stamped, helper, count](G&& in, std::vector<host_batch>& out) {
+                    G g = std::move(in);  // its records go once copied, not after the batch is sent
                     out.push_back(stamped(g.items, *mem, helper ? &*helper : nullptr, count, g.epoch, g.position));
                 });
             }));
@@ -427,8 +442,8 @@ stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = f
 /// Backpressure: holds one batch being filled plus `out` finished batches; with a "group"
 /// stage (the automatic setting where the machine has 2 hardware threads or more, or
 /// batch_options::concurrency above 1), also the group each worker collates and the full
-/// groups waiting for them (one when automatic, else up to `concurrency`): records that
-/// keep their chunks or mapped pages alive.
+/// groups waiting for them (one when automatic, none when automatic under a memory
+/// budget, else up to `concurrency`): records that keep their chunks or mapped pages alive.
 /// Errors: upstream errors pass through after the batches before them; the partial batch
 /// being filled is dropped with the error. A TFRecord record whose data checksum was left
 /// to it (see tfrecord()) and fails is the parser's sluice::source_error, shard and offset,

@@ -92,6 +92,61 @@ TEST_CASE("send suspends while the channel is full in items", "[channel]") {
     r.wait();
 }
 
+TEST_CASE("room waits until a full channel has room, sends nothing, and fails on cancel or close", "[channel]") {
+    runner r;
+    channel<int> ch({1, 0});
+    std::atomic<int> step{0};
+    std::atomic<bool> ok{false};
+    r.go([](channel<int>& ch, std::atomic<int>& step, std::atomic<bool>& ok) -> task<void> {
+        sluice_test::must(co_await ch.send(1));
+        step = 1;
+        ok = co_await ch.room();  // the item sent is still there: waits until it is taken
+        step = 2;
+    }(ch, step, ok));
+    for (int i = 0; i < 10000 && step.load() < 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    CHECK(step.load() == 1);
+    REQUIRE(ch.receive_blocking() == 1);
+    for (int i = 0; i < 10000 && step.load() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    CHECK(step.load() == 2);
+    CHECK(ok.load());
+    CHECK(ch.size() == 0);  // room() put nothing in
+    // A sender queued behind a room() waiter is admitted after it: room() takes no place.
+    REQUIRE(ch.send_blocking(2));
+    std::atomic<int> woke{0};
+    r.go([](channel<int>& ch, std::atomic<int>& woke) -> task<void> {
+        if (co_await ch.room()) ++woke;
+    }(ch, woke));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::thread sender([&] { REQUIRE(ch.send_blocking(3)); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    CHECK(woke.load() == 0);
+    REQUIRE(ch.receive_blocking() == 2);  // room for one: the room() waiter and the sender both pass
+    sender.join();
+    r.wait();
+    CHECK(woke.load() == 1);
+    REQUIRE(ch.receive_blocking() == 3);
+    // Cancelled while waiting, and once closed: false.
+    channel<int> full({1, 0});
+    REQUIRE(full.send_blocking(4));
+    std::atomic<int> failed{0};
+    r.go([](channel<int>& ch, std::atomic<int>& failed) -> task<void> {
+        if (!co_await ch.room()) ++failed;
+    }(full, failed));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    CHECK(failed.load() == 0);
+    full.cancel();
+    r.wait();
+    CHECK(failed.load() == 1);
+    channel<int> closed({1, 0});
+    closed.close();
+    r.go([](channel<int>& ch, std::atomic<int>& failed) -> task<void> {
+        if (!co_await ch.room()) ++failed;
+    }(closed, failed));
+    r.wait();
+    CHECK(failed.load() == 2);
+}
+
 TEST_CASE("a channel's item capacity changes while it is used: more admits waiting senders, less drops nothing",
           "[channel]") {
     runner r;
