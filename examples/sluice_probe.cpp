@@ -152,7 +152,7 @@ options:
                          --collate-threads, the CPU pool's threads when not given); its
                          changes and choices end the table
   --memory BYTES         one memory budget for the run, divided among the channels,
-                         requests in flight (a quarter), the buffer pool (an eighth), tuned
+                         requests in flight (a quarter), the buffer pool (a third), tuned
                          or not; 0: none (default)
   --sweep                measure throughput against requests in flight (1, 2, 4, ...;
                          files in flight for local paths) and, for objects of 4 MiB or

@@ -20,6 +20,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include <new>
+
+#include <sys/mman.h>
+
 #if defined(__x86_64__) || defined(_M_X64)
 #include <emmintrin.h>
 #endif
@@ -58,17 +62,44 @@ inline void stream_fence() noexcept {
 #endif
 }
 
+/// Buffers of this size and more are mapped from the system directly, not taken from
+/// malloc. malloc keeps what is freed for later (its threshold for mapping rises to the
+/// largest block freed, up to 32 MiB), in arenas per thread that a buffer_pool cannot see:
+/// under a memory budget that was up to 40 MB of resident memory beside the budget's,
+/// more or less as threads happened to allocate and free (`tests/integration/probe.cpp`'s
+/// budget test: 107-127 MB peak where the pipeline held 62-82). Mapped directly, the pool
+/// is the one cache of large buffers, and what it does not keep goes back at once.
+/// AddressSanitizer builds keep malloc, whose bounds it checks.
+inline constexpr std::size_t mapped_buffer_bytes = std::size_t{1} << 20;
+inline bool maps_buffer(std::size_t capacity) noexcept {
+#if defined(__SANITIZE_ADDRESS__)
+    (void)capacity;
+    return false;
+#else
+    return capacity >= mapped_buffer_bytes;
+#endif
+}
+inline std::byte* map_buffer(std::size_t capacity) {
+    void* p = ::mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    return static_cast<std::byte*>(p);
+}
+inline void unmap_buffer(std::byte* data, std::size_t capacity) noexcept { ::munmap(data, capacity); }
+
 }  // namespace detail
 
-/// A block of memory of fixed capacity: heap memory handed out by a buffer_pool, or
-/// memory owned elsewhere (a file mapping, pinned memory) with the function that releases
+/// A block of memory of fixed capacity: heap memory (mapped directly from 1 MiB) handed
+/// out by a buffer_pool, or memory owned elsewhere (a file mapping, pinned memory) with the function that releases
 /// it.
 class buffer {
 public:
     using release_fn = void (*)(std::byte* data, std::size_t capacity) noexcept;
 
+    /// Not zeroed (filled by I/O). Large ones are mapped directly (detail::maps_buffer).
     explicit buffer(std::size_t capacity)
-        : data_(new std::byte[capacity]), capacity_(capacity) {}  // not zeroed: filled by I/O
+        : data_(detail::maps_buffer(capacity) ? detail::map_buffer(capacity) : new std::byte[capacity]),
+          capacity_(capacity),
+          release_(detail::maps_buffer(capacity) ? &detail::unmap_buffer : nullptr) {}
     buffer(std::byte* data, std::size_t capacity, release_fn release) noexcept
         : data_(data), capacity_(capacity), release_(release) {}
     /// `n` bytes at `offset` of a mapped file, viewed in place: the pages stay in the

@@ -399,8 +399,17 @@ private:
         }
     }
 
-    // The memory budget (pipeline_options::memory), divided before anything runs: an
-    // eighth to the buffer pool's cache (set with the runtime), what stages hold whatever
+    // The buffer pool's part of a memory budget: freed buffers it keeps for the next
+    // allocation, without which each is fresh memory, faulted in page by page (0.5-1.7
+    // s/GiB on the bench VMs). Large buffers are mapped directly (detail::maps_buffer), so
+    // the pool is their only cache. At an eighth, a 48 MiB budget could not keep one batch
+    // of 6.4 MB and every batch was fresh: sluice-probe's budget test took 0.26-0.39 s; at
+    // a third 0.13-0.24 s (a quarter 0.18-0.28, a half 0.13-0.21), peak RSS 63-84 MB
+    // either way.
+    static constexpr std::uint64_t pool_share_of_budget = 3;
+
+    // The memory budget (pipeline_options::memory), divided before anything runs: a
+    // third to the buffer pool's cache (set with the runtime), what stages hold whatever
     // the budget says (a shuffle's max_bytes) first, a quarter shared by the settings whose
     // units hold memory (fetch's requests in flight, capped) and the stages that size
     // theirs while they run (to_device's ring), and the rest in equal shares
@@ -411,7 +420,7 @@ private:
         auto add = [](std::uint64_t a, std::uint64_t b) { return a > ~std::uint64_t{0} - b ? ~std::uint64_t{0} : a + b; };
         auto& b = r.budget;
         b.push_back({"memory budget", M});
-        const std::uint64_t pool = std::min<std::uint64_t>(opts_.runtime.pool_cache_bytes, M / 8);
+        const std::uint64_t pool = std::min<std::uint64_t>(opts_.runtime.pool_cache_bytes, M / pool_share_of_budget);
         b.push_back({"buffer pool cache", pool});
         std::uint64_t spent = add(pool, r.fixed_bytes);
         if (r.fixed_bytes) b.push_back({"held by stages whatever the budget (a shuffle's max_bytes)", r.fixed_bytes});
@@ -444,7 +453,7 @@ private:
 
     void start_locked() {
         auto ro = opts_.runtime;
-        if (opts_.memory) ro.pool_cache_bytes = std::min<std::size_t>(ro.pool_cache_bytes, opts_.memory / 8);
+        if (opts_.memory) ro.pool_cache_bytes = std::min<std::size_t>(ro.pool_cache_bytes, opts_.memory / pool_share_of_budget);
         auto r = std::make_unique<running>(ro);
         if (!opts_.resume.empty()) r->env.run = std::make_shared<detail::run_state>(opts_.resume);
         r->start_ns = detail::now_ns();
