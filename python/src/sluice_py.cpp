@@ -580,9 +580,11 @@ PYBIND11_MODULE(_sluice, m) {
         .def_property_readonly("images", &py_batch::data)
         .def_property_readonly("labels", &py_batch::labels)
         .def("__dlpack__", [](const py_batch& b, py::object s) { return b.data().dlpack(s); }, py::arg("stream") = py::none())
-        .def("__dlpack_device__", [](const py_batch& b) {  // from the batch, not an export
+        .def("__dlpack_device__", [](const py_batch& b) -> py::tuple {  // from the batch, not an export
+            // Both arms one type: pybind11 3's make_tuple types its tuple by its arguments.
             const int d = b.device ? b.device->device() : -1;
-            return d < 0 ? py::make_tuple(int(kDLCPU), 0) : py::make_tuple(int(kDLCUDA), d);
+            if (d < 0) return py::make_tuple(int(kDLCPU), 0);
+            return py::make_tuple(int(kDLCUDA), d);
         })
         .def("__len__", [](const py_batch& b) { return b.h().size(); })
         .def("key", [](const py_batch& b, std::size_t i) {
