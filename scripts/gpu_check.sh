@@ -322,7 +322,7 @@ PY
     { echo "+ ldd $so"; ldd "$so"; } >>"$out/python_build.txt" 2>&1
     unresolved=$(ldd "$so" 2>&1 | awk '/not found/ { print $1 }' | paste -sd' ')
     [ -z "$unresolved" ] || { note_fail "python: the module's libraries not found: $unresolved"; exit 1; }
-    ldd "$so" | grep -q 'libstdc++\.so' || {
+    grep -q 'libstdc++\.so' <<<"$(ldd "$so")" || {
       note_fail "python: the module holds a libstdc++ of its own ($cxx links it statically); torch's in the same process breaks its iostreams: CXX=/usr/bin/g++ or another that links it shared"
       exit 1
     }

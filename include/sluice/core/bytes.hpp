@@ -71,8 +71,15 @@ inline void stream_fence() noexcept {
 /// is the one cache of large buffers, and what it does not keep goes back at once.
 /// AddressSanitizer builds keep malloc, whose bounds it checks.
 inline constexpr std::size_t mapped_buffer_bytes = std::size_t{1} << 20;
-inline bool maps_buffer(std::size_t capacity) noexcept {
 #if defined(__SANITIZE_ADDRESS__)
+#define SLUICE_DETAIL_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)  // clang says so this way only
+#define SLUICE_DETAIL_ASAN 1
+#endif
+#endif
+inline bool maps_buffer(std::size_t capacity) noexcept {
+#if defined(SLUICE_DETAIL_ASAN)
     (void)capacity;
     return false;
 #else

@@ -162,12 +162,13 @@ public:
         return send_awaiter{*this, std::move(v), wait_ns};
     }
 
-    class room_awaiter;
-    /// `co_await ch.room()`: true once the channel has room for an item, without sending
-    /// one (for a channel of one item: once what was sent last has been taken); false when
-    /// it was cancelled or closed. It waits in line with senders, and another sender may
-    /// take the room before this one sends. `wait_ns` as for send.
-    room_awaiter room(detail::wait_meter wait_ns = {}) { return room_awaiter{*this, wait_ns}; }
+    class drained_awaiter;
+    /// `co_await ch.drained()`: true once the channel holds nothing, every item sent before
+    /// it taken, without sending anything; false when it was cancelled or closed. It waits
+    /// in line with senders: those queued after it wait for it. Whatever the capacity (the
+    /// tuner may raise it), a producer that awaits it after each send has at most one item
+    /// in the channel. `wait_ns` as for send.
+    drained_awaiter drained(detail::wait_meter wait_ns = {}) { return drained_awaiter{*this, wait_ns}; }
 
     /// Blocking send for an ordinary thread.
     bool send_blocking(T v) {
@@ -372,9 +373,11 @@ private:
         return false;
     }
     void admit_senders() {
-        while (!senders_.empty() && has_room(senders_.head->weight)) {
+        while (!senders_.empty()) {
+            auto* head = senders_.head;
+            if (head->item ? !has_room(head->weight) : count_ != 0) break;  // no item: a drained() waiter
             auto* w = senders_.pop();
-            if (w->item) push_locked(std::move(*w->item), w->weight);  // a room() waiter takes no place
+            if (w->item) push_locked(std::move(*w->item), w->weight);
             w->ok = true;
             w->wake();
         }
@@ -427,14 +430,14 @@ public:
         send_waiter w_;
     };
 
-    class room_awaiter {
+    class drained_awaiter {
     public:
-        room_awaiter(channel& ch, detail::wait_meter wait_ns) : ch_(ch), wait_ns_(wait_ns) {}
+        drained_awaiter(channel& ch, detail::wait_meter wait_ns) : ch_(ch), wait_ns_(wait_ns) {}
         bool await_ready() {  // see send_awaiter on the mutex
             ch_.m_.lock();
             if (ch_.cancelled_ || ch_.closed_) {
                 w_.ok = false;
-            } else if (ch_.senders_.empty() && ch_.has_room(0)) {
+            } else if (ch_.senders_.empty() && ch_.count_ == 0) {
                 w_.ok = true;
             } else {
                 return false;
@@ -446,7 +449,7 @@ public:
         void await_suspend(std::coroutine_handle<P> h) {
             w_.h = h;
             w_.ex = h.promise().ex;
-            w_.item = nullptr;  // admit_senders wakes it without pushing anything
+            w_.item = nullptr;  // admit_senders wakes it once the channel is empty, pushing nothing
             if (wait_ns_) t0_ = detail::now_ns();
             ch_.senders_.push(&w_);
             ch_.m_.unlock();  // last touch of *this

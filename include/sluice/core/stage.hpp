@@ -179,8 +179,8 @@ public:
         return send_op{ch_->send(std::move(v), c_->output_meter()), c_, n, life_};
     }
 
-    struct room_op {
-        typename channel<Out>::room_awaiter aw;
+    struct drained_op {
+        typename channel<Out>::drained_awaiter aw;
         detail::worker_life* life;
         bool parking = false;
         bool await_ready() {
@@ -202,12 +202,12 @@ public:
             }
         }
     };
-    /// `co_await out.room()`: suspends until downstream has room for another item, sending
-    /// nothing; the wait counts as output wait. For a channel of one item: until the item
-    /// sent last was taken, so a stage can hand over one item at a time and hold the next
-    /// only once the last is being worked on (batch's group stage under a memory budget).
-    /// Stopping as for send.
-    room_op room() { return room_op{ch_->room(c_->output_meter()), life_}; }
+    /// `co_await out.drained()`: suspends until downstream has taken everything sent,
+    /// sending nothing; the wait counts as output wait. A stage that awaits it after each
+    /// send hands over one item at a time and makes the next only once the last is being
+    /// worked on (batch's group stage under a memory budget), whatever the channel's
+    /// capacity. Stopping as for send.
+    drained_op drained() { return drained_op{ch_->drained(c_->output_meter()), life_}; }
 
 private:
     channel<Out>* ch_;

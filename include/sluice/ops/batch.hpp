@@ -283,8 +283,8 @@ struct collate_mismatch<F, T> {
 };
 
 // `collate(group, epoch, position)` makes one output. `one_at_a_time`: after each send,
-// wait until the output was taken before taking more input, so that with a channel of one
-// item the worker holds one group and the next stage one (see collating_batch).
+// wait until the output was taken before taking more input, so that the worker holds one
+// group and the channel at most one (see collating_batch).
 template <class T, class Out, class F>
 task<void> batch_worker(stage_context<T, Out>& ctx, batch_options o, F collate, bool one_at_a_time = false) {
     const std::size_t n = o.size ? o.size : 1;
@@ -318,7 +318,7 @@ task<void> batch_worker(stage_context<T, Out>& ctx, batch_options o, F collate, 
     };
     auto send = [&](Out v) -> task<void> {
         co_await ctx.out.send(std::move(v));
-        if (one_at_a_time) co_await ctx.out.room();
+        if (one_at_a_time) co_await ctx.out.drained();
     };
     auto size_of = [&](std::uint32_t e) { return ctx.internal.run ? ctx.internal.run->epoch_records(e) : std::nullopt; };
     while (auto item = co_await ctx.in.next()) {
@@ -442,8 +442,9 @@ stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = f
 /// Backpressure: holds one batch being filled plus `out` finished batches; with a "group"
 /// stage (the automatic setting where the machine has 2 hardware threads or more, or
 /// batch_options::concurrency above 1), also the group each worker collates and the full
-/// groups waiting for them (one when automatic, none when automatic under a memory
-/// budget, else up to `concurrency`): records that keep their chunks or mapped pages alive.
+/// groups waiting for them (one when automatic, else up to `concurrency`; under a memory
+/// budget, automatic, the next group is filled only once the collator has taken the last):
+/// records that keep their chunks or mapped pages alive.
 /// Errors: upstream errors pass through after the batches before them; the partial batch
 /// being filled is dropped with the error. A TFRecord record whose data checksum was left
 /// to it (see tfrecord()) and fails is the parser's sluice::source_error, shard and offset,

@@ -92,46 +92,51 @@ TEST_CASE("send suspends while the channel is full in items", "[channel]") {
     r.wait();
 }
 
-TEST_CASE("room waits until a full channel has room, sends nothing, and fails on cancel or close", "[channel]") {
+TEST_CASE("drained waits until everything sent was taken, sends nothing, and fails on cancel or close", "[channel]") {
     runner r;
-    channel<int> ch({1, 0});
+    channel<int> ch({4, 0});  // room for more: drained() waits for empty, not for room
     std::atomic<int> step{0};
     std::atomic<bool> ok{false};
     r.go([](channel<int>& ch, std::atomic<int>& step, std::atomic<bool>& ok) -> task<void> {
         sluice_test::must(co_await ch.send(1));
+        sluice_test::must(co_await ch.send(2));
         step = 1;
-        ok = co_await ch.room();  // the item sent is still there: waits until it is taken
+        ok = co_await ch.drained();
         step = 2;
     }(ch, step, ok));
     for (int i = 0; i < 10000 && step.load() < 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    CHECK(step.load() == 1);
     REQUIRE(ch.receive_blocking() == 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    CHECK(step.load() == 1);  // one item still there
+    REQUIRE(ch.receive_blocking() == 2);
     for (int i = 0; i < 10000 && step.load() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     CHECK(step.load() == 2);
     CHECK(ok.load());
-    CHECK(ch.size() == 0);  // room() put nothing in
-    // A sender queued behind a room() waiter is admitted after it: room() takes no place.
-    REQUIRE(ch.send_blocking(2));
+    CHECK(ch.size() == 0);  // drained() put nothing in
+    r.wait();
+    // Raised capacity changes nothing: still until empty.
+    ch.set_items(16);
+    REQUIRE(ch.send_blocking(3));
     std::atomic<int> woke{0};
     r.go([](channel<int>& ch, std::atomic<int>& woke) -> task<void> {
-        if (co_await ch.room()) ++woke;
+        if (co_await ch.drained()) ++woke;
     }(ch, woke));
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    std::thread sender([&] { REQUIRE(ch.send_blocking(3)); });
+    // A sender beside it: whichever queued first, both end once 3 and 4 are taken.
+    std::thread sender([&] { REQUIRE(ch.send_blocking(4)); });
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     CHECK(woke.load() == 0);
-    REQUIRE(ch.receive_blocking() == 2);  // room for one: the room() waiter and the sender both pass
+    REQUIRE(ch.receive_blocking() == 3);
+    REQUIRE(ch.receive_blocking() == 4);
     sender.join();
     r.wait();
     CHECK(woke.load() == 1);
-    REQUIRE(ch.receive_blocking() == 3);
+    CHECK(ch.size() == 0);
     // Cancelled while waiting, and once closed: false.
     channel<int> full({1, 0});
-    REQUIRE(full.send_blocking(4));
+    REQUIRE(full.send_blocking(5));
     std::atomic<int> failed{0};
     r.go([](channel<int>& ch, std::atomic<int>& failed) -> task<void> {
-        if (!co_await ch.room()) ++failed;
+        if (!co_await ch.drained()) ++failed;
     }(full, failed));
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     CHECK(failed.load() == 0);
@@ -141,7 +146,7 @@ TEST_CASE("room waits until a full channel has room, sends nothing, and fails on
     channel<int> closed({1, 0});
     closed.close();
     r.go([](channel<int>& ch, std::atomic<int>& failed) -> task<void> {
-        if (!co_await ch.room()) ++failed;
+        if (!co_await ch.drained()) ++failed;
     }(closed, failed));
     r.wait();
     CHECK(failed.load() == 2);
