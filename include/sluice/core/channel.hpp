@@ -384,93 +384,90 @@ private:
     }
 
 public:
-    class send_awaiter {
+    // What send_awaiter and drained_awaiter share: a place in the senders' queue. The
+    // mutex stays locked from a false await_ready to the end of await_suspend, so no
+    // wake-up can slip in between. No unique_lock member: once the mutex is released the
+    // coroutine may already run (and reuse this frame's memory) on another thread, so
+    // releasing it must be the last thing that touches this object.
+    class sender_slot {
     public:
-        send_awaiter(channel& ch, T&& v, detail::wait_meter wait_ns)
-            : ch_(ch), item_(std::move(v)), wait_ns_(wait_ns) {
-            w_.weight = ch_.weigh(item_);  // user code (byte_size) runs before locking
-        }
-        // The mutex stays locked from a false await_ready to the end of await_suspend, so
-        // no wake-up can slip in between. No unique_lock member: once the mutex is
-        // released the coroutine may already run (and reuse this frame's memory) on another
-        // thread, so releasing it must be the last thing that touches this object.
-        bool await_ready() {
-            ch_.m_.lock();
-            int r;
-            try {  // an item's move may throw: never leave the channel locked
-                r = ch_.try_send_locked(item_, w_.weight);
-            } catch (...) {
-                ch_.m_.unlock();
-                throw;
-            }
-            if (r < 0) return false;
-            w_.ok = r == 1;
-            ch_.m_.unlock();
-            return true;
-        }
-        template <class P>
-        void await_suspend(std::coroutine_handle<P> h) {
-            w_.h = h;
-            w_.ex = h.promise().ex;
-            w_.item = &item_;
-            if (wait_ns_) t0_ = detail::now_ns();
-            ch_.senders_.push(&w_);
-            ch_.m_.unlock();  // last touch of *this
-        }
         bool await_resume() {
             if (t0_) wait_ns_.add(t0_, detail::now_ns());
             return w_.ok;
         }
 
-    private:
+    protected:
+        sender_slot(channel& ch, detail::wait_meter wait_ns) : ch_(ch), wait_ns_(wait_ns) {}
+        template <class P>
+        void queue(std::coroutine_handle<P> h, T* item) {
+            w_.h = h;
+            w_.ex = h.promise().ex;
+            w_.item = item;
+            if (wait_ns_) t0_ = detail::now_ns();
+            ch_.senders_.push(&w_);
+            ch_.m_.unlock();  // last touch of *this
+        }
         channel& ch_;
-        T item_;
         detail::wait_meter wait_ns_;
         std::uint64_t t0_ = 0;
         send_waiter w_;
     };
 
-    class drained_awaiter {
+    class send_awaiter : public sender_slot {
     public:
-        drained_awaiter(channel& ch, detail::wait_meter wait_ns) : ch_(ch), wait_ns_(wait_ns) {}
-        bool await_ready() {  // see send_awaiter on the mutex
-            ch_.m_.lock();
-            if (ch_.cancelled_ || ch_.closed_) {
-                w_.ok = false;
-            } else if (ch_.senders_.empty() && ch_.count_ == 0) {
-                w_.ok = true;
-            } else {
-                return false;
+        send_awaiter(channel& ch, T&& v, detail::wait_meter wait_ns) : sender_slot(ch, wait_ns), item_(std::move(v)) {
+            this->w_.weight = ch.weigh(item_);  // user code (byte_size) runs before locking
+        }
+        bool await_ready() {
+            this->ch_.m_.lock();
+            int r;
+            try {  // an item's move may throw: never leave the channel locked
+                r = this->ch_.try_send_locked(item_, this->w_.weight);
+            } catch (...) {
+                this->ch_.m_.unlock();
+                throw;
             }
-            ch_.m_.unlock();
+            if (r < 0) return false;
+            this->w_.ok = r == 1;
+            this->ch_.m_.unlock();
             return true;
         }
         template <class P>
         void await_suspend(std::coroutine_handle<P> h) {
-            w_.h = h;
-            w_.ex = h.promise().ex;
-            w_.item = nullptr;  // admit_senders wakes it once the channel is empty, pushing nothing
-            if (wait_ns_) t0_ = detail::now_ns();
-            ch_.senders_.push(&w_);
-            ch_.m_.unlock();  // last touch of *this
-        }
-        bool await_resume() {
-            if (t0_) wait_ns_.add(t0_, detail::now_ns());
-            return w_.ok;
+            this->queue(h, &item_);
         }
 
     private:
-        channel& ch_;
-        detail::wait_meter wait_ns_;
-        std::uint64_t t0_ = 0;
-        send_waiter w_;
+        T item_;
+    };
+
+    class drained_awaiter : public sender_slot {
+    public:
+        drained_awaiter(channel& ch, detail::wait_meter wait_ns) : sender_slot(ch, wait_ns) {}
+        bool await_ready() {
+            auto& ch = this->ch_;
+            ch.m_.lock();
+            if (ch.cancelled_ || ch.closed_) {
+                this->w_.ok = false;
+            } else if (ch.senders_.empty() && ch.count_ == 0) {
+                this->w_.ok = true;
+            } else {
+                return false;
+            }
+            ch.m_.unlock();
+            return true;
+        }
+        template <class P>
+        void await_suspend(std::coroutine_handle<P> h) {
+            this->queue(h, nullptr);  // admit_senders wakes it once the channel is empty, pushing nothing
+        }
     };
 
     class receive_awaiter {
     public:
         receive_awaiter(channel& ch, detail::wait_meter wait_ns, std::uint64_t* index)
             : ch_(ch), wait_ns_(wait_ns), index_(index) {}
-        bool await_ready() {  // see send_awaiter on the mutex
+        bool await_ready() {  // see sender_slot on the mutex
             ch_.m_.lock();
             bool done;
             try {

@@ -143,10 +143,11 @@ class output {
 public:
     output(channel<Out>* ch, worker_counters* c, detail::worker_life* life = nullptr) : ch_(ch), c_(c), life_(life) {}
 
-    struct send_op {
-        typename channel<Out>::send_awaiter aw;
-        worker_counters* c;
-        std::size_t n;
+    // A channel wait of the worker's: parked for good once the worker was told to stop
+    // (see detail::worker_life); one that fails (the consumer stopped) throws stopped.
+    template <class Aw>
+    struct told_op {
+        Aw aw;
         detail::worker_life* life;
         bool parking = false;
         bool await_ready() {
@@ -161,11 +162,18 @@ public:
             if (parking) detail::park(*life);
             else aw.await_suspend(h);
         }
-        void await_resume() {
-            if (!aw.await_resume()) {  // the consumer stopped
+        void stop_unless_done() {
+            if (!aw.await_resume()) {
                 if (life) life->told = true;
                 throw detail::stopped{};
             }
+        }
+    };
+    struct send_op : told_op<typename channel<Out>::send_awaiter> {
+        worker_counters* c;
+        std::size_t n;
+        void await_resume() {
+            this->stop_unless_done();
             detail::bump(c->items_out);
             detail::bump(c->bytes_out, n);
         }
@@ -176,38 +184,18 @@ public:
     /// that and sends again is parked for good (see detail::worker_life).
     send_op send(Out v) {
         const std::size_t n = byte_size_of(v);
-        return send_op{ch_->send(std::move(v), c_->output_meter()), c_, n, life_};
+        return send_op{{ch_->send(std::move(v), c_->output_meter()), life_}, c_, n};
     }
 
-    struct drained_op {
-        typename channel<Out>::drained_awaiter aw;
-        detail::worker_life* life;
-        bool parking = false;
-        bool await_ready() {
-            if (life && life->told) {
-                parking = true;
-                return false;
-            }
-            return aw.await_ready();
-        }
-        template <class P>
-        void await_suspend(std::coroutine_handle<P> h) {
-            if (parking) detail::park(*life);
-            else aw.await_suspend(h);
-        }
-        void await_resume() {
-            if (!aw.await_resume()) {
-                if (life) life->told = true;
-                throw detail::stopped{};
-            }
-        }
+    struct drained_op : told_op<typename channel<Out>::drained_awaiter> {
+        void await_resume() { this->stop_unless_done(); }
     };
     /// `co_await out.drained()`: suspends until downstream has taken everything sent,
     /// sending nothing; the wait counts as output wait. A stage that awaits it after each
     /// send hands over one item at a time and makes the next only once the last is being
     /// worked on (batch's group stage under a memory budget), whatever the channel's
     /// capacity. Stopping as for send.
-    drained_op drained() { return drained_op{ch_->drained(c_->output_meter()), life_}; }
+    drained_op drained() { return drained_op{{ch_->drained(c_->output_meter()), life_}}; }
 
 private:
     channel<Out>* ch_;
