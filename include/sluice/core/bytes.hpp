@@ -96,17 +96,15 @@ inline void unmap_buffer(std::byte* data, std::size_t capacity) noexcept { ::mun
 }  // namespace detail
 
 /// A block of memory of fixed capacity: heap memory (mapped directly from 1 MiB) handed
-/// out by a buffer_pool, or memory owned elsewhere (a file mapping, pinned memory) with the function that releases
-/// it.
+/// out by a buffer_pool, or memory owned elsewhere (a file mapping, pinned memory) with
+/// the function that releases it.
 class buffer {
 public:
     using release_fn = void (*)(std::byte* data, std::size_t capacity) noexcept;
 
     /// Not zeroed (filled by I/O). Large ones are mapped directly (detail::maps_buffer).
     explicit buffer(std::size_t capacity)
-        : data_(detail::maps_buffer(capacity) ? detail::map_buffer(capacity) : new std::byte[capacity]),
-          capacity_(capacity),
-          release_(detail::maps_buffer(capacity) ? &detail::unmap_buffer : nullptr) {}
+        : buffer(capacity, detail::maps_buffer(capacity)) {}
     buffer(std::byte* data, std::size_t capacity, release_fn release) noexcept
         : data_(data), capacity_(capacity), release_(release) {}
     /// `n` bytes at `offset` of a mapped file, viewed in place: the pages stay in the
@@ -129,6 +127,11 @@ public:
     const std::shared_ptr<detail::file_mapping>& file() const noexcept { return file_; }
 
 private:
+    buffer(std::size_t capacity, bool mapped)
+        : data_(mapped ? detail::map_buffer(capacity) : new std::byte[capacity]),
+          capacity_(capacity),
+          release_(mapped ? &detail::unmap_buffer : nullptr) {}
+
     std::byte* data_;
     std::size_t capacity_;
     release_fn release_ = nullptr;

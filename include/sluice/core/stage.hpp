@@ -249,6 +249,8 @@ struct setup_internal {
     /// Where a stage asks for a share of the memory budget, equal to a tuner setting's
     /// (see budget_share); null without a budget.
     std::vector<budget_share>* shares = nullptr;
+    /// Whether the pipeline has a memory budget (pipeline_options::memory).
+    bool budgeted() const noexcept { return shares != nullptr; }
 };
 }  // namespace detail
 

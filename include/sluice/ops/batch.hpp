@@ -391,11 +391,11 @@ stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = f
             [o, checks, helped](stage_setup& s) {
                 batch_setup<T>(o)(s);
                 if (checks) note_record_checks(s.internal.run, s.internal.at, false);  // passes them on whole
-                // Under a memory budget (shares: null without one), helped: the next group is
+                // Under a memory budget, helped: the next group is
                 // filled only once the last one is being collated, so two groups' records
                 // are held (the one collated, the one filled) and not a third waiting
                 // between them. The collator still finds the next group ready.
-                return std::make_shared<group_run>(group_run{helped && s.internal.shares != nullptr});
+                return std::make_shared<group_run>(group_run{helped && s.internal.budgeted()});
             },
             [o](stage_context<T, G>& ctx, group_run& run) {
                 return batch_worker<T, G>(
