@@ -18,8 +18,10 @@
 #include <zlib.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 
 namespace {
 using sluice_test::counter;
@@ -49,11 +51,25 @@ TEST_CASE("fetch: objects from nginx arrive whole, streamed in chunks, many in f
     std::map<std::string, std::string> got;
     sluice::pipeline p(sluice::list(urls) | sluice::plan() | sluice::fetch({.concurrency = 3, .chunk_size = 64 << 10}) |
                        sluice::raw());
-    for (auto& rec : p) got[rec.source->url] = std::string(rec.data.view());
+    std::multiset<std::string> names;  // of the threads while the pipeline runs
+    for (auto& rec : p) {
+        got[rec.source->url] = std::string(rec.data.view());
+        if (!names.empty()) continue;
+        for (auto& t : std::filesystem::directory_iterator("/proc/self/task")) {
+            std::ifstream comm(t.path() / "comm");
+            std::string name;
+            std::getline(comm, name);
+            names.insert(name);
+        }
+    }
     REQUIRE(got == want);
     const auto f = p.figures();
     REQUIRE(counter(f, "fetch", "requests") == urls.size());
     REQUIRE(counter(f, "fetch", "retries") == 0);
+    // libcurl's thread has a name of its own (top -H, perf), apart from the I/O loop's.
+    INFO("threads: " << names.size());
+    REQUIRE(names.count("sluice-curl") == 1);
+    REQUIRE(names.count("sluice-io") >= 1);
 }
 
 TEST_CASE("fetch: libcurl's receive buffers are kept for the next transfer, not faulted in afresh", "[http]") {
@@ -551,10 +567,12 @@ TEST_CASE("fetch: ordered, 503s shrink the requests in flight, not only the limi
                        sluice::lines());
     std::size_t n = 0;
     bool measuring = false;
-    std::uint64_t lowest_limit = 32;
+    std::uint64_t lowest_limit = 32, highest_after = 0;
     for (auto& rec : p) {
         n += !rec.data.empty();
-        lowest_limit = std::min(lowest_limit, counter(p.figures(), "fetch", "in_flight_limit"));
+        const auto limit = counter(p.figures(), "fetch", "in_flight_limit");
+        lowest_limit = std::min(lowest_limit, limit);
+        if (measuring) highest_after = std::max(highest_after, limit);
         if (!measuring && lowest_limit <= 8) {  // the limit has fallen: from now on, count at the server
             http_get(faults.url("__stats?reset"));
             measuring = true;
@@ -566,8 +584,12 @@ TEST_CASE("fetch: ordered, 503s shrink the requests in flight, not only the limi
     // 32 workers each hold an object: before every request took a permit, ordered first
     // requests and all retries went ahead without one, so about 32 stayed in flight.
     const auto most = concurrent_max(http_get(faults.url("__stats")));
-    INFO("most requests at the server at once after the limit fell: " << most);
-    REQUIRE(most <= 16);
+    // After it falls the limit climbs again by about one per round of successes, and the
+    // requests already at the server when counting starts are counted: under TSan's pace
+    // 18 have been seen. The fault was about 32, so 24 still tells the two apart.
+    INFO("most requests at the server at once after the limit fell: " << most
+                                                                    << ", highest limit seen since: " << highest_after);
+    REQUIRE(most <= 24);
 }
 
 TEST_CASE("fetch: failures carry error codes a caller can branch on", "[http][errors]") {

@@ -22,6 +22,7 @@
 #include <sluice/io/detail/s3_sign.hpp>
 
 #include <curl/curl.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <cctype>
@@ -165,6 +166,9 @@ private:
         curl_multi_setopt(multi_, CURLMOPT_PIPELINING, CURLPIPE_MULTIPLEX);
         curl_multi_setopt(multi_, CURLMOPT_MAX_HOST_CONNECTIONS, 0L);
         thread_ = std::thread([this] { loop(); });
+        // Its own name in top -H and perf, apart from the I/O loop ("sluice-io") that a
+        // thread made from it would otherwise be named after.
+        ::pthread_setname_np(thread_.native_handle(), "sluice-curl");
     }
 
     void command(kind k, std::shared_ptr<http_transfer> t) {
