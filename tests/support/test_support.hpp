@@ -20,6 +20,7 @@
 #include <optional>
 #include <random>
 #include <regex>
+#include <set>
 #include <thread>
 #include <chrono>
 #include <string>
@@ -199,6 +200,19 @@ inline std::string random_bytes(sluice::detail::rng& r, std::size_t n) {
     std::string s(n, '\0');
     for (auto& c : s) c = static_cast<char>(r.next());
     return s;
+}
+
+/// The names of this process's threads now (/proc/self/task/*/comm), each as often as
+/// threads carry it.
+inline std::multiset<std::string> thread_names() {
+    std::multiset<std::string> names;
+    for (auto& t : std::filesystem::directory_iterator("/proc/self/task")) {
+        std::ifstream comm(t.path() / "comm");
+        std::string name;
+        std::getline(comm, name);
+        names.insert(name);
+    }
+    return names;
 }
 
 /// A stage's counter in a pipeline's figures (0 when absent).

@@ -18,7 +18,6 @@
 #include <zlib.h>
 
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -54,13 +53,7 @@ TEST_CASE("fetch: objects from nginx arrive whole, streamed in chunks, many in f
     std::multiset<std::string> names;  // of the threads while the pipeline runs
     for (auto& rec : p) {
         got[rec.source->url] = std::string(rec.data.view());
-        if (!names.empty()) continue;
-        for (auto& t : std::filesystem::directory_iterator("/proc/self/task")) {
-            std::ifstream comm(t.path() / "comm");
-            std::string name;
-            std::getline(comm, name);
-            names.insert(name);
-        }
+        if (names.empty()) names = sluice_test::thread_names();
     }
     REQUIRE(got == want);
     const auto f = p.figures();
