@@ -19,8 +19,12 @@
 
 #include <cstring>
 #include <fstream>
+#include <atomic>
+#include <chrono>
+#include <exception>
 #include <map>
 #include <set>
+#include <thread>
 
 namespace {
 using sluice_test::counter;
@@ -63,6 +67,82 @@ TEST_CASE("fetch: objects from nginx arrive whole, streamed in chunks, many in f
     INFO("threads: " << names.size());
     REQUIRE(names.count("sluice-curl") == 1);
     REQUIRE(names.count("sluice-io") >= 1);
+}
+
+TEST_CASE("fetch: two pipelines at once share libcurl's thread and each gets its own objects whole", "[http]") {
+    // One engine serves every fetch in the process and posts the readers it made ready in
+    // one round together, grouped by their I/O loop: two pipelines, two loops. Small
+    // objects (many finish in one round) and objects of several chunks (paused, resumed).
+    sluice_test::temp_dir www;
+    sluice::detail::rng r(sluice_test::test_seed());
+    sluice_test::nginx_server nginx(www.path().string());
+    std::map<std::string, std::string> want[2];
+    std::vector<std::string> urls[2];
+    for (int side = 0; side < 2; ++side)
+        for (int i = 0; i < 150; ++i) {
+            const std::size_t size = i % 10 == 0 ? 300000 + r.below(1000) : 1 + r.below(20000);
+            const std::string name = "p" + std::to_string(side) + "-" + std::to_string(i);
+            const std::string body = random_bytes(r, size);
+            www.write(name, body);
+            want[side][nginx.url(name)] = body;
+            urls[side].push_back(nginx.url(name));
+        }
+    std::map<std::string, std::string> got[2];
+    std::size_t repeats[2] = {0, 0};
+    std::uint64_t requests[2] = {0, 0};
+    // The threads' names are read while both pipelines run: each waits at its 20th record
+    // (of 150) until pipeline 0 has read them.
+    std::multiset<std::string> names;
+    std::atomic<bool> arrived{false}, read{false};
+    auto wait_for = [](std::atomic<bool>& flag) {
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+        while (!flag.load() && std::chrono::steady_clock::now() < until)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    };
+    std::exception_ptr failed;
+    auto run = [&](int side) {
+        try {
+            sluice::pipeline p(sluice::list(urls[side]) | sluice::plan() |
+                               sluice::fetch({.concurrency = 32, .chunk_size = 64 << 10}) | sluice::raw());
+            for (auto& rec : p) {
+                auto [it, fresh] = got[side].emplace(rec.source->url, std::string(rec.data.view()));
+                repeats[side] += !fresh;
+                if (got[side].size() == 20 && fresh) {
+                    if (side == 1) {
+                        arrived = true;
+                        wait_for(read);
+                    } else {
+                        wait_for(arrived);
+                        names = sluice_test::thread_names();
+                        read = true;
+                    }
+                }
+            }
+            requests[side] = counter(p.figures(), "fetch", "requests");
+        } catch (...) {
+            if (side == 1) failed = std::current_exception();
+            else throw;
+        }
+    };
+    std::thread other(run, 1);
+    try {
+        run(0);
+    } catch (...) {
+        read = true;
+        other.join();
+        throw;
+    }
+    other.join();
+    if (failed) std::rethrow_exception(failed);
+    for (int side = 0; side < 2; ++side) {
+        INFO("pipeline " << side);
+        REQUIRE(repeats[side] == 0);
+        REQUIRE(got[side] == want[side]);
+        REQUIRE(requests[side] == urls[side].size());
+    }
+    INFO("threads: " << names.size());
+    REQUIRE(names.count("sluice-curl") == 1);  // one engine for both
+    REQUIRE(names.count("sluice-io") >= 2);
 }
 
 TEST_CASE("fetch: libcurl's receive buffers are kept for the next transfer, not faulted in afresh", "[http]") {

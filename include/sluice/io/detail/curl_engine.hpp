@@ -7,8 +7,9 @@
 // while curl wants them, release-not-close on removal, tolerance of remove-then-re-add and
 // never re-entering curl from its callbacks (PLATFORM.md; curl's own Asio example was
 // withdrawn for these bugs). A thread on curl_multi_poll + curl_multi_wakeup has none of
-// those traps and costs one context switch per delivered chunk (1 MiB by default), which
-// is noise next to the copy of the chunk itself.
+// those traps and costs at most one wake-up of the I/O loop per round of
+// curl_multi_perform (the readers it made ready are posted together), which is noise next
+// to the copy of the chunks themselves.
 //
 // Transfers talk to their coroutine through a small mailbox: the write callback fills
 // pooled buffers of chunk_size bytes and posts each full one; when two are waiting
@@ -202,6 +203,7 @@ private:
                 curl_multi_remove_handle(multi_, t->easy);
                 finish(*t, result);
             }
+            post_wakes();
             curl_multi_poll(multi_, nullptr, 0, 1000, nullptr);
         }
     }
@@ -295,7 +297,7 @@ private:
             h = t.take_waiter();
             ex = t.waiter_ex;
         }
-        if (h) resume_on(ex, h);
+        if (h) wake(std::move(ex), h);
     }
 
     static void finish(http_transfer& t, CURLcode result) {
@@ -316,7 +318,39 @@ private:
             h = t.take_waiter();
             ex = t.waiter_ex;
         }
-        if (h) resume_on(ex, h);
+        if (h) wake(std::move(ex), h);
+    }
+
+    // Readers to resume, gathered over one round of the engine's loop (curl_multi_perform
+    // may complete dozens of small objects at once) and posted together at its end: one
+    // post, so one wake-up of the I/O loop, per round and executor rather than per chunk.
+    // Every reader of a transfer runs on fetch's single-threaded I/O executor (aimd.hpp),
+    // so resuming them one after another in one handler is what separate posts would do.
+    struct pending_wake {
+        executor ex;
+        std::coroutine_handle<> h;
+    };
+    static std::vector<pending_wake>& wakes() {
+        thread_local std::vector<pending_wake> w;
+        return w;
+    }
+    static void wake(executor ex, std::coroutine_handle<> h) { wakes().push_back({std::move(ex), h}); }
+    static void post_wakes() {
+        auto& w = wakes();
+        while (!w.empty()) {
+            // Those sharing the first one's executor, in the order they came; the rest kept.
+            std::vector<std::coroutine_handle<>> hs;
+            executor ex = w.front().ex;
+            std::size_t kept = 0;
+            for (auto& p : w) {
+                if (p.ex == ex) hs.push_back(p.h);
+                else if (&w[kept] == &p) ++kept;
+                else w[kept++] = std::move(p);
+            }
+            w.resize(kept);
+            if (hs.size() == 1) resume_on(ex, hs.front());
+            else asio::post(ex, [hs = std::move(hs)] { for (auto h : hs) h.resume(); });
+        }
     }
 
     static bool header_is(std::string_view line, std::string_view name) {  // name in lower case, with ':'
