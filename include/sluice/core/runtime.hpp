@@ -6,9 +6,10 @@
 // A pipeline owns its runtime. Shutdown order matters: the pipeline first makes every
 // stage worker finish, then calls join(), so no coroutine is left suspended on an
 // executor that is being destroyed.
-// The I/O thread is named "sluice-io" (top -H, /proc/PID/task/*/comm) and io_cpu_seconds()
-// reads the CPU time it has used (pipeline figures: io_loop_cpu_s): the loop should only
-// wait on readiness, so this stays small next to the pipeline's seconds.
+// The I/O thread is named "sluice-io" (top -H, /proc/PID/task/*/comm), the CPU pool's
+// threads "sluice-cpu". io_cpu_seconds() reads the CPU time the I/O thread has used
+// (pipeline figures: io_loop_cpu_s): the loop should only wait on readiness, so this
+// stays small next to the pipeline's seconds.
 
 #include <sluice/core/bytes.hpp>
 #include <sluice/core/task.hpp>
@@ -21,6 +22,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <latch>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -58,6 +60,18 @@ public:
             io_done_ = true;
         });
         ::pthread_setname_np(io_thread_.native_handle(), "sluice-io");
+        // The CPU pool's threads are named "sluice-cpu" (they inherited the program's name,
+        // so perf and top -H could not tell them from its own threads). asio makes them:
+        // one task per thread names the thread it runs on, each held until all have
+        // started, so no thread runs two of them.
+        // (Shared: a thread may still be inside arrive_and_wait when this one returns.)
+        auto started = std::make_shared<std::latch>(cpu_threads_);
+        for (unsigned i = 0; i < cpu_threads_; ++i)
+            asio::post(cpu_, [started] {
+                ::pthread_setname_np(::pthread_self(), "sluice-cpu");
+                started->arrive_and_wait();
+            });
+        started->wait();
     }
     runtime(const runtime&) = delete;
     runtime& operator=(const runtime&) = delete;

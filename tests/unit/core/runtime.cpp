@@ -5,7 +5,7 @@
 #include <chrono>
 #include <future>
 
-TEST_CASE("the runtime runs work on its I/O loop and its CPU pool", "[runtime]") {
+TEST_CASE("the runtime runs work on its I/O loop and its CPU pool and names the pool's threads", "[runtime]") {
     sluice::runtime rt({.cpu_threads = 3});
     REQUIRE(rt.cpu_threads() == 3);
     std::promise<std::thread::id> io, cpu;
@@ -15,6 +15,10 @@ TEST_CASE("the runtime runs work on its I/O loop and its CPU pool", "[runtime]")
     REQUIRE(a != std::this_thread::get_id());
     REQUIRE(a != b);
     REQUIRE(rt.buffers() != nullptr);
+    // Each of the pool's threads is named (perf and top -H tell them from the program's).
+    const auto names = sluice_test::thread_names();
+    INFO("threads: " << names.size());
+    REQUIRE(names.count("sluice-cpu") == 3);
     rt.join();
     rt.join();  // idempotent
 }
