@@ -283,6 +283,8 @@ public:
     }
     /// Capacity of the buffer this slice keeps alive.
     std::size_t owner_capacity() const noexcept { return owner_ ? owner_->capacity() : 0; }
+    /// The buffer this slice keeps alive (null for an empty view).
+    const std::shared_ptr<const buffer>& owner() const noexcept { return owner_; }
     /// How many slices share the buffer (for tests and diagnostics).
     long owner_use_count() const noexcept { return owner_.use_count(); }
 

@@ -17,6 +17,7 @@
 #include <map>
 #include <optional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <thread>
@@ -105,6 +106,9 @@ struct item_group {
     std::vector<T> items;
     std::uint32_t epoch = 0;
     std::uint64_t position = 0;
+    /// Records only: the buffer the group stage copied the records' bytes into as they
+    /// arrived (early_collation), where every record of the group lies, in order; else null.
+    std::shared_ptr<const buffer> collated;
     std::size_t byte_size() const noexcept {
         std::size_t n = 0;
         for (auto& v : items) n += byte_size_of(v);
@@ -191,6 +195,114 @@ private:
     std::atomic<std::uint32_t> next_{0}, copied_{0}, bad_{~std::uint32_t{0}};
 };
 
+/// Where the collating workers take batch memory from, shared with the group stage: set by
+/// the first worker that starts when that is the runtime's own pool (not a device's
+/// staging memory, whose slots the group stage must not hold); until then, or otherwise,
+/// nothing is copied early.
+struct collation_memory {
+    std::mutex m;
+    std::shared_ptr<buffer_source> mem;
+    std::shared_ptr<buffer_source> get() {
+        std::lock_guard lock(m);
+        return mem;
+    }
+    void set(const std::shared_ptr<buffer_source>& s) {
+        std::lock_guard lock(m);
+        if (!mem) mem = s;
+    }
+};
+
+/// Copies each record into its batch's buffer as it joins the group, on the group
+/// stage's thread, when the record alone holds a buffer of its own (a fetched object, a
+/// file read whole; not a slice of a shared chunk or of a mapped file). Such a record
+/// otherwise holds its buffer until the group is full: 256 of them, 25 MB for 100 KB
+/// objects, which the fetch must then take fresh from the system (page faults on
+/// libcurl's thread, which sets the pace: bench/RESULTS.md, issue 17). Copied on arrival,
+/// its bytes are still in the cache and its buffer goes back to the pool for the next
+/// object. Records are copied in the order they join, so the batch is the buffer's first
+/// bytes and collate_records has nothing left to copy. The buffer is sized from the last
+/// group's bytes (the first: its first record times the batch size, at most 64 MiB;
+/// allocate_varying adds a size class) and grows by half, moving what is in it, when a
+/// group is larger.
+/// Records that share or map their bytes (tar and TFRecord shards, behind a shuffle too)
+/// are left to collation, which copies them on two threads, and so is a record that fails
+/// its TFRecord checksum (collation reports it). Once one record of a group is left, so
+/// is the rest of the group: the batch is copied whole, as before.
+class early_collation {
+public:
+    early_collation() = default;
+    early_collation(std::shared_ptr<collation_memory> slot, std::atomic<std::uint64_t>* copied)
+        : slot_(std::move(slot)), copied_(copied) {}
+
+    /// `group.back()` just joined a group of `n` records at most.
+    void add(std::vector<record>& group, std::size_t n) {
+        if (!slot_ || off_) return;
+        if (!buf_) {
+            mem_ = slot_->get();
+            if (!mem_) return;  // the collator has not started: the records so far wait
+            // The first group's guess is bounded: one large record among small ones must
+            // not ask for hundreds of times its size.
+            const std::size_t first = std::max<std::size_t>(group.front().data.size(), 1);
+            buf_ = mem_->allocate_varying(last_ ? last_ : std::min(first * n, std::max(first, first_guess_max)));
+            used_ = 0;
+            for (std::size_t i = 0; i + 1 < group.size(); ++i)  // those that came before the memory
+                if (!copy_in(group, i, n)) return;
+        }
+        copy_in(group, group.size() - 1, n);
+    }
+    /// The group is complete: the buffer its records lie in, in order (null when some were
+    /// left for collation to copy). The next group starts a buffer of its own.
+    std::shared_ptr<const buffer> take() {
+        std::shared_ptr<const buffer> b = off_ ? nullptr : std::move(buf_);
+        if (!off_ && buf_) last_ = used_;
+        buf_.reset();
+        used_ = 0;
+        off_ = false;
+        return b;
+    }
+
+private:
+    bool copy_in(std::vector<record>& group, std::size_t i, std::size_t n) {
+        record& r = group[i];
+        const std::size_t size = r.data.size();
+        if (size == 0) return true;
+        if (r.data.file() || r.data.owner_use_count() != 1) {  // shares or maps its bytes
+            off_ = true;
+            return false;
+        }
+        if (used_ + size > buf_->capacity()) grow(group, std::max(buf_->capacity() + buf_->capacity() / 2, used_ + size));
+        std::byte* p = buf_->data() + used_;
+        if (r.unchecked_crc32c) {
+            if (crc32c_mask(crc32c_copy(p, r.data.data(), size, 0, false)) != *r.unchecked_crc32c) {
+                off_ = true;
+                return false;
+            }
+        } else {
+            std::memcpy(p, r.data.data(), size);
+        }
+        r.data = bytes(buf_, p, size);
+        r.unchecked_crc32c.reset();  // checked as copied
+        used_ += size;
+        if (copied_) copied_->fetch_add(1, std::memory_order_relaxed);
+        return true;
+    }
+    void grow(std::vector<record>& group, std::size_t want) {
+        auto bigger = mem_->allocate_varying(want);
+        std::memcpy(bigger->data(), buf_->data(), used_);
+        for (auto& r : group)
+            if (r.data.owner() == buf_) r.data = bytes(bigger, bigger->data() + (r.data.data() - buf_->data()), r.data.size());
+        buf_ = std::move(bigger);
+    }
+
+    static constexpr std::size_t first_guess_max = std::size_t{64} << 20;
+    std::shared_ptr<collation_memory> slot_;
+    std::atomic<std::uint64_t>* copied_ = nullptr;  // the group stage's figure
+    std::shared_ptr<buffer_source> mem_;
+    std::shared_ptr<buffer> buf_;
+    std::size_t used_ = 0, last_ = 0;
+    bool off_ = false;
+};
+
 /// Batches this large are copied by two threads when a helper is offered (the copy runs
 /// well beyond the cache; below this a hand-off costs more than it saves).
 inline constexpr std::size_t helped_collation_bytes = std::size_t{4} << 20;
@@ -198,7 +310,8 @@ inline constexpr std::size_t helped_collation_bytes = std::size_t{4} << 20;
 /// `helper`: an executor (the CPU pool) on which one more thread may join a large batch's
 /// copy; `helped`, where given, counts the records it copied.
 inline host_batch collate_records(std::vector<record>& rs, buffer_source& mem, const executor* helper = nullptr,
-                                  std::atomic<std::uint64_t>* helped = nullptr) {
+                                  std::atomic<std::uint64_t>* helped = nullptr,
+                                  std::shared_ptr<const buffer> collated = nullptr) {
     host_batch b;
     b.offsets.reserve(rs.size() + 1);
     b.sources.reserve(rs.size());
@@ -210,6 +323,14 @@ inline host_batch collate_records(std::vector<record>& rs, buffer_source& mem, c
         ragged = ragged || r.data.size() != rs.front().data.size();
         total += r.data.size();
         b.offsets.push_back(total);
+    }
+    if (collated) {  // copied as they arrived (early_collation): the batch is that buffer
+        for (auto& r : rs) {
+            b.sources.push_back(std::move(r.source));
+            b.indices.push_back(r.index);
+        }
+        b.data = bytes(std::move(collated), total);
+        return b;
     }
     // Records of different sizes make batches of different sizes: memory that may also
     // serve the next, larger batch (buffer_source::allocate_varying).
@@ -285,8 +406,12 @@ struct collate_mismatch<F, T> {
 // `collate(group, epoch, position)` makes one output. `one_at_a_time`: after each send,
 // wait until the output was taken before taking more input, so that the worker holds one
 // group and the channel at most one (see collating_batch).
-template <class T, class Out, class F>
-task<void> batch_worker(stage_context<T, Out>& ctx, batch_options o, F collate, bool one_at_a_time = false) {
+/// No copy on arrival (early_collation's stand-in for items that are not records).
+struct no_early_collation {};
+
+template <class T, class Out, class F, class Early = no_early_collation>
+task<void> batch_worker(stage_context<T, Out>& ctx, batch_options o, F collate, bool one_at_a_time = false,
+                        Early early = {}) {  // by value: a coroutine
     const std::size_t n = o.size ? o.size : 1;
     // Each open epoch: its partial batch and how many of its records arrived. In order
     // (deterministic) one is open at a time. With an unordered stage above, an epoch's
@@ -298,10 +423,17 @@ task<void> batch_worker(stage_context<T, Out>& ctx, batch_options o, F collate, 
         std::vector<T> group;
         std::uint64_t seen = 0;       // records of the epoch arrived (= its position)
         std::uint64_t skip_below = 0;  // on resume without a replay plan: already delivered
+        Early early;
     };
+    constexpr bool copies_early = std::is_same_v<Early, early_collation>;
     std::map<std::uint32_t, open_epoch> open;
+    auto open_at = [&](std::uint32_t e) -> open_epoch& {
+        auto [it, fresh] = open.try_emplace(e);
+        if (fresh) it->second.early = early;
+        return it->second;
+    };
     if (ctx.internal.run && ctx.internal.run->resume()) {
-        auto& r = open[ctx.internal.run->resume()->epoch];
+        auto& r = open_at(ctx.internal.run->resume()->epoch);
         if (ctx.internal.run->served()) r.seen = ctx.internal.run->resume()->position;
         else r.skip_below = ctx.internal.run->resume()->position;
     }
@@ -311,7 +443,10 @@ task<void> batch_worker(stage_context<T, Out>& ctx, batch_options o, F collate, 
                                     "`std::shared_ptr<const sluice::shard> source` member (copied from the record or "
                                     "sample they came from)");
     auto flush = [&](std::uint32_t e, open_epoch& g) -> Out {
-        Out out = collate(g.group, e, g.seen);
+        Out out = [&] {
+            if constexpr (copies_early) return collate(g.group, e, g.seen, g.early.take());
+            else return collate(g.group, e, g.seen);
+        }();
         g.group.clear();
         if (ctx.internal.run) ctx.internal.run->push_stamp({e, g.seen});  // see pipeline::state()
         return out;
@@ -331,11 +466,12 @@ task<void> batch_worker(stage_context<T, Out>& ctx, batch_options o, F collate, 
                 else check_dropped(g.group);
                 open.erase(open.begin());
             }
-        auto& g = open[e];
+        auto& g = open_at(e);
         ++g.seen;
         if (g.seen > g.skip_below) {
             g.group.reserve(n);
             g.group.push_back(std::move(*item));
+            if constexpr (copies_early) g.early.add(g.group, n);
             if (g.group.size() == n) co_await send(flush(e, g));
         }
         if (auto size = size_of(e); size && g.seen >= *size) {  // the epoch's last record
@@ -361,14 +497,20 @@ namespace detail {
 /// pool has two threads or more.
 template <class T, class C>
 stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = false) {
-    constexpr bool can_help = std::is_invocable_v<const C&, std::vector<T>&, buffer_source&, const executor*,
-                                                  std::atomic<std::uint64_t>*>;
+    // Records copied as they join their group (early_collation), where collate takes the
+    // buffer they were copied into.
+    constexpr bool copies_early = std::is_same_v<T, record> &&
+                                  std::is_invocable_v<const C&, std::vector<T>&, buffer_source&, const executor*,
+                                                      std::atomic<std::uint64_t>*, std::shared_ptr<const buffer>>;
+    constexpr bool can_help = copies_early || std::is_invocable_v<const C&, std::vector<T>&, buffer_source&,
+                                                                  const executor*, std::atomic<std::uint64_t>*>;
     const bool automatic = o.concurrency == 0;
     o = with_collators(o);
     auto stamped = [collate](std::vector<T>& g, buffer_source& mem, const executor* helper, std::atomic<std::uint64_t>* helped,
-                             std::uint32_t e, std::uint64_t pos) {
+                             std::uint32_t e, std::uint64_t pos, std::shared_ptr<const buffer> collated = nullptr) {
         host_batch b;
-        if constexpr (can_help) b = collate(g, mem, helper, helped);
+        if constexpr (copies_early) b = collate(g, mem, helper, helped, std::move(collated));
+        else if constexpr (can_help) b = collate(g, mem, helper, helped);
         else b = collate(g, mem);
         b.epoch = e;
         b.position = pos;
@@ -383,7 +525,9 @@ stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = f
         using G = item_group<T>;
         struct group_run {
             bool one_at_a_time;
+            bool early;
         };
+        auto memory = std::make_shared<collation_memory>();
         auto group = make_stage<T, G>(
             // Room for one group when helped, the least that keeps the worker busy
             // (grouping is cheap) and the least held beside it.
@@ -395,20 +539,33 @@ stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = f
                 // filled only once the last one is being collated, so two groups' records
                 // are held (the one collated, the one filled) and not a third waiting
                 // between them. The collator still finds the next group ready.
-                return std::make_shared<group_run>(group_run{helped && s.internal.budgeted()});
+                // Under a memory budget records are not copied on arrival: the batch
+                // buffer would be taken while the group fills, which the budget's shares
+                // do not foresee.
+                return std::make_shared<group_run>(group_run{helped && s.internal.budgeted(), !s.internal.budgeted()});
             },
-            [o](stage_context<T, G>& ctx, group_run& run) {
-                return batch_worker<T, G>(
-                    ctx, o, [](std::vector<T>& g, std::uint32_t e, std::uint64_t pos) { return G{std::move(g), e, pos}; },
-                    run.one_at_a_time);
+            [o, memory](stage_context<T, G>& ctx, group_run& run) {
+                if constexpr (copies_early)
+                    return batch_worker<T, G>(
+                        ctx, o,
+                        [](std::vector<T>& g, std::uint32_t e, std::uint64_t pos, std::shared_ptr<const buffer> collated) {
+                            return G{std::move(g), e, pos, std::move(collated)};
+                        },
+                        run.one_at_a_time,
+                        run.early ? early_collation(memory, &ctx.stats.counter("copied_on_arrival")) : early_collation());
+                else
+                    return batch_worker<T, G>(
+                        ctx, o, [](std::vector<T>& g, std::uint32_t e, std::uint64_t pos) { return G{std::move(g), e, pos}; },
+                        run.one_at_a_time);
             });
         auto collated = gated_stage(make_stage<G, host_batch>(
             "batch", {.concurrency = o.concurrency, .order = ordering::ordered, .on = pool::cpu, .out = o.out},
             [checks](stage_setup& s) {
                 if (checks) note_record_checks(s.internal.run, s.internal.at, true);  // checks as it copies
             },
-            [o, stamped, helped](stage_context<G, host_batch>& ctx) {
+            [o, stamped, helped, memory](stage_context<G, host_batch>& ctx) {
                 std::shared_ptr<buffer_source> mem = o.memory ? o.memory : ctx.memory;
+                if (mem == ctx.rt.buffers()) memory->set(mem);  // the group stage copies records on arrival into it
                 std::optional<executor> helper;
                 std::atomic<std::uint64_t>* count = nullptr;
                 if (helped && ctx.rt.cpu_threads() >= 2) {
@@ -417,7 +574,8 @@ stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = f
                 }
                 return item_worker(ctx, [mem, stamped, helper, count](G&& in, std::vector<host_batch>& out) {
                     G g = std::move(in);  // its records go once copied, not after the batch is sent
-                    out.push_back(stamped(g.items, *mem, helper ? &*helper : nullptr, count, g.epoch, g.position));
+                    out.push_back(stamped(g.items, *mem, helper ? &*helper : nullptr, count, g.epoch, g.position,
+                                          std::move(g.collated)));
                 });
             }));
         return group | collated;
@@ -455,8 +613,9 @@ template <class = void>  // compiled only where used (see make_stage)
 stage<record, host_batch> batch(batch_options o = {}) {
     return detail::collating_batch<record>(
         o,
-        [](std::vector<record>& g, buffer_source& mem, const executor* helper, std::atomic<std::uint64_t>* helped) {
-            return detail::collate_records(g, mem, helper, helped);
+        [](std::vector<record>& g, buffer_source& mem, const executor* helper, std::atomic<std::uint64_t>* helped,
+           std::shared_ptr<const buffer> collated) {
+            return detail::collate_records(g, mem, helper, helped, std::move(collated));
         },
         /*checks=*/true);
 }

@@ -449,3 +449,125 @@ TEST_CASE("under a memory budget the automatic batch holds two groups of records
     CHECK(budgeted <= 2 * size + 2);
     CHECK(budgeted >= size);  // the counting works: a whole group was held
 }
+
+namespace {
+std::optional<std::uint64_t> stage_counter(const sluice::pipeline_figures& f, const std::string& stage, const std::string& name) {
+    for (auto& s : f.stages)
+        if (s.name == stage)
+            for (auto& [n, v] : s.counters)
+                if (n == name) return v;
+    return std::nullopt;
+}
+}  // namespace
+
+TEST_CASE("records that hold a buffer of their own are copied into their batch as they arrive, others at collation",
+          "[batch]") {
+    if (std::thread::hardware_concurrency() < 2) {
+        WARN("[test skipped] one hardware thread: batch is one stage, which copies each batch whole");
+        return;
+    }
+    // Sizes that grow: the first group's buffer, sized from its first record, must grow
+    // (and move what it holds); later groups are sized from the last.
+    std::vector<std::string> texts;
+    for (int i = 0; i < 300; ++i)
+        texts.push_back(std::string(std::size_t(i < 5 ? 3 : 20000 + i * 97 % 40000), char('a' + i % 26)) + std::to_string(i));
+    // from() keeps its records, so each is given a copy of its own on the way (as fetch
+    // or read give each object or file one), or a slice of one shared buffer.
+    auto own = [](sluice::record r) {
+        r.data = sluice::bytes::copy_of(r.data.span());
+        return r;
+    };
+    std::string all;
+    std::vector<std::size_t> starts;
+    for (auto& t : texts) {
+        starts.push_back(all.size());
+        all += t;
+    }
+    auto shared = [whole = sluice::bytes::copy_of(all), starts](sluice::record r) {
+        r.data = whole.slice(starts[r.index], r.data.size());
+        return r;
+    };
+    auto run = [&](auto give, sluice::batch_options o, std::size_t budget = 0) {
+        sluice::pipeline p(sluice::from(records(texts)) | sluice::map(give) | sluice::batch(o),
+                           {.runtime = {.cpu_threads = 2}, .memory = budget});
+        std::vector<std::tuple<std::string, std::vector<std::uint64_t>, std::uint64_t, std::string>> got;
+        for (auto& b : p) got.emplace_back(std::string(b.data.view()), b.offsets, b.position, b.key(0));
+        return std::pair{got, p.figures()};
+    };
+    const auto [want, f1] = run(own, {.size = 64, .concurrency = 1});  // one stage: copies at collation
+    REQUIRE(want.size() == 5);
+    SECTION("records in buffers of their own: every one copied on arrival, the same batches") {
+        const auto [got, f] = run(own, {.size = 64});
+        REQUIRE(got == want);
+        INFO("copied on arrival: " << stage_counter(f, "group", "copied_on_arrival").value_or(999999));
+        REQUIRE(stage_counter(f, "group", "copied_on_arrival") == std::optional<std::uint64_t>(texts.size()));
+    }
+    SECTION("records that share one buffer are left to collation") {
+        const auto [got, f] = run(shared, {.size = 64});
+        REQUIRE(got == want);
+        REQUIRE(stage_counter(f, "group", "copied_on_arrival") == std::optional<std::uint64_t>(0));
+    }
+    SECTION("under a memory budget nothing is copied on arrival") {
+        const auto [got, f] = run(own, {.size = 64}, std::size_t{256} << 20);
+        REQUIRE(got == want);
+        REQUIRE(stage_counter(f, "group", "copied_on_arrival").value_or(0) == 0);
+    }
+}
+
+TEST_CASE("a record copied on arrival is checked against its TFRecord checksum, a bad one reported with shard and offset",
+          "[batch]") {
+    auto slot = std::make_shared<sluice::detail::collation_memory>();
+    auto pool = sluice::buffer_pool::create(std::size_t{64} << 20);
+    slot->set(pool);
+    std::atomic<std::uint64_t> copied{0};
+    auto s = std::make_shared<const sluice::shard>(sluice::shard{"data/train-00007.tfrecord", 0, 0});
+    auto tfrecord = [&](const std::string& text, std::uint64_t index, bool good) {
+        sluice::record r{sluice::bytes::copy_of(text), s, index, 1000 + index * 100};
+        const std::uint32_t sum = sluice::crc32c_mask(sluice::crc32c(text.data(), text.size()));
+        r.unchecked_crc32c = good ? sum : sum ^ 1u;
+        return r;
+    };
+    const std::size_t n = 4;
+    SECTION("good records: checked as copied, the batch is the buffer they were copied into") {
+        sluice::detail::early_collation early(slot, &copied);
+        std::vector<sluice::record> group;
+        std::string want;
+        for (std::uint64_t i = 0; i < n; ++i) {
+            const std::string text(std::size_t(i == 0 ? 1 : 30000), char('k' + i));  // grows after the first
+            want += text;
+            group.push_back(tfrecord(text, i, true));
+            early.add(group, n);
+        }
+        REQUIRE(copied == n);
+        for (auto& r : group) REQUIRE(!r.unchecked_crc32c);
+        auto collated = early.take();
+        REQUIRE(collated != nullptr);
+        const std::byte* at = collated->data();
+        const auto b = sluice::detail::collate_records(group, *pool, nullptr, nullptr, collated);
+        REQUIRE(b.data.view() == want);
+        REQUIRE(b.data.data() == at);  // not copied again
+        REQUIRE(b.offsets == std::vector<std::uint64_t>{0, 1, 30001, 60001, 90001});
+        REQUIRE(b.key(3) == "data/train-00007.tfrecord#3");
+    }
+    SECTION("a bad record stops the copies on arrival; collation reports it") {
+        sluice::detail::early_collation early(slot, &copied);
+        std::vector<sluice::record> group;
+        for (std::uint64_t i = 0; i < n; ++i) {
+            group.push_back(tfrecord("record " + std::to_string(i), i, i != 1));
+            early.add(group, n);
+        }
+        REQUIRE(copied == 1);  // the first; the bad second and the rest are left
+        REQUIRE(early.take() == nullptr);
+        REQUIRE_THROWS_WITH(sluice::detail::collate_records(group, *pool),
+                            Catch::Contains("bad TFRecord data checksum (record 1)") && Catch::Contains("data/train-00007.tfrecord") &&
+                                Catch::Contains("1100"));
+    }
+    SECTION("no memory offered yet: nothing is copied") {
+        sluice::detail::early_collation early(std::make_shared<sluice::detail::collation_memory>(), &copied);
+        std::vector<sluice::record> group{tfrecord("x", 0, true)};
+        early.add(group, n);
+        REQUIRE(copied == 0);
+        REQUIRE(group[0].unchecked_crc32c);
+        REQUIRE(early.take() == nullptr);
+    }
+}
