@@ -195,21 +195,32 @@ private:
     std::atomic<std::uint32_t> next_{0}, copied_{0}, bad_{~std::uint32_t{0}};
 };
 
-/// Where the collating workers take batch memory from, shared with the group stage: set by
-/// the first worker that starts when that is the runtime's own pool (not a device's
-/// staging memory, whose slots the group stage must not hold); until then, or otherwise,
-/// nothing is copied early.
-struct collation_memory {
-    std::mutex m;
-    std::shared_ptr<buffer_source> mem;
-    std::shared_ptr<buffer_source> get() {
-        std::lock_guard lock(m);
-        return mem;
+/// Whether the collating workers take batch memory from their runtime's own pool (not a
+/// device's staging memory, whose slots the group stage must not hold), shared between the
+/// group and batch stages of one batch() recipe: a worker that starts notes its
+/// runtime's pool here, and the group stage copies records on arrival only once its own
+/// runtime's pool is noted (until then, or otherwise, nothing is copied early). A recipe
+/// may run in several pipelines, one after another or at once, so pools are kept per
+/// runtime, weakly: a finished pipeline's pool is not kept alive.
+class collation_memory {
+public:
+    void note(const std::shared_ptr<buffer_source>& pool) {
+        std::lock_guard lock(m_);
+        std::erase_if(pools_, [](const std::weak_ptr<buffer_source>& w) { return w.expired(); });
+        for (auto& w : pools_)
+            if (w.lock() == pool) return;
+        pools_.push_back(pool);
     }
-    void set(const std::shared_ptr<buffer_source>& s) {
-        std::lock_guard lock(m);
-        if (!mem) mem = s;
+    bool noted(const std::shared_ptr<buffer_source>& pool) {
+        std::lock_guard lock(m_);
+        for (auto& w : pools_)
+            if (w.lock() == pool) return true;
+        return false;
     }
+
+private:
+    std::mutex m_;
+    std::vector<std::weak_ptr<buffer_source>> pools_;
 };
 
 /// Copies each record into its batch's buffer as it joins the group, on the group
@@ -231,15 +242,17 @@ struct collation_memory {
 class early_collation {
 public:
     early_collation() = default;
-    early_collation(std::shared_ptr<collation_memory> slot, std::atomic<std::uint64_t>* copied)
-        : slot_(std::move(slot)), copied_(copied) {}
+    /// `pool`: the group stage's runtime's pool, used once `slot` has it noted.
+    early_collation(std::shared_ptr<collation_memory> slot, std::shared_ptr<buffer_source> pool,
+                    std::atomic<std::uint64_t>* copied)
+        : slot_(std::move(slot)), pool_(std::move(pool)), copied_(copied) {}
 
     /// `group.back()` just joined a group of `n` records at most.
     void add(std::vector<record>& group, std::size_t n) {
         if (!slot_ || off_) return;
         if (!buf_) {
-            mem_ = slot_->get();
-            if (!mem_) return;  // the collator has not started: the records so far wait
+            if (!slot_->noted(pool_)) return;  // the collator has not started: the records so far wait
+            mem_ = pool_;
             // The first group's guess is bounded: one large record among small ones must
             // not ask for hundreds of times its size.
             const std::size_t first = std::max<std::size_t>(group.front().data.size(), 1);
@@ -253,8 +266,8 @@ public:
     /// The group is complete: the buffer its records lie in, in order (null when some were
     /// left for collation to copy). The next group starts a buffer of its own.
     std::shared_ptr<const buffer> take() {
-        std::shared_ptr<const buffer> b = off_ ? nullptr : std::move(buf_);
         if (!off_ && buf_) last_ = used_;
+        std::shared_ptr<const buffer> b = off_ ? nullptr : std::move(buf_);
         buf_.reset();
         used_ = 0;
         off_ = false;
@@ -265,7 +278,14 @@ private:
     bool copy_in(std::vector<record>& group, std::size_t i, std::size_t n) {
         record& r = group[i];
         const std::size_t size = r.data.size();
-        if (size == 0) return true;
+        if (size == 0) {  // nothing to copy; a checksum left to batch is still checked
+            if (r.unchecked_crc32c && crc32c_mask(crc32c(nullptr, 0)) != *r.unchecked_crc32c) {
+                off_ = true;
+                return false;
+            }
+            r.unchecked_crc32c.reset();
+            return true;
+        }
         if (r.data.file() || r.data.owner_use_count() != 1) {  // shares or maps its bytes
             off_ = true;
             return false;
@@ -296,6 +316,7 @@ private:
 
     static constexpr std::size_t first_guess_max = std::size_t{64} << 20;
     std::shared_ptr<collation_memory> slot_;
+    std::shared_ptr<buffer_source> pool_;
     std::atomic<std::uint64_t>* copied_ = nullptr;  // the group stage's figure
     std::shared_ptr<buffer_source> mem_;
     std::shared_ptr<buffer> buf_;
@@ -552,7 +573,8 @@ stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = f
                             return G{std::move(g), e, pos, std::move(collated)};
                         },
                         run.one_at_a_time,
-                        run.early ? early_collation(memory, &ctx.stats.counter("copied_on_arrival")) : early_collation());
+                        run.early ? early_collation(memory, ctx.rt.buffers(), &ctx.stats.counter("copied_on_arrival"))
+                                  : early_collation());
                 else
                     return batch_worker<T, G>(
                         ctx, o, [](std::vector<T>& g, std::uint32_t e, std::uint64_t pos) { return G{std::move(g), e, pos}; },
@@ -565,7 +587,7 @@ stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = f
             },
             [o, stamped, helped, memory](stage_context<G, host_batch>& ctx) {
                 std::shared_ptr<buffer_source> mem = o.memory ? o.memory : ctx.memory;
-                if (mem == ctx.rt.buffers()) memory->set(mem);  // the group stage copies records on arrival into it
+                if (mem == ctx.rt.buffers()) memory->note(mem);  // the group stage copies records on arrival into it
                 std::optional<executor> helper;
                 std::atomic<std::uint64_t>* count = nullptr;
                 if (helped && ctx.rt.cpu_threads() >= 2) {
