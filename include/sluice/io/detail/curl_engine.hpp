@@ -150,6 +150,15 @@ public:
         t.ready.clear();
         t.waiter = nullptr;
     }
+    /// Returns once no post by the engine's thread is under way: a fetch worker ends with
+    /// it (quiesce_on_exit), so its I/O loop is not destroyed under one.
+    static void quiesce() { std::lock_guard lock(post_mutex()); }
+    struct quiesce_on_exit {
+        quiesce_on_exit() = default;
+        quiesce_on_exit(const quiesce_on_exit&) = delete;
+        quiesce_on_exit& operator=(const quiesce_on_exit&) = delete;
+        ~quiesce_on_exit() { quiesce(); }
+    };
     /// Abandons a transfer (the pipeline stopped): it ends with CURLE_ABORTED_BY_CALLBACK
     /// and its reader wakes.
     void cancel(std::shared_ptr<http_transfer> t) { command(kind::cancel, std::move(t)); }
@@ -335,8 +344,18 @@ private:
         return w;
     }
     static void wake(executor ex, std::coroutine_handle<> h) { wakes().push_back({std::move(ex), h}); }
+    // Held while the engine's thread posts: asio's post signals the loop's condition
+    // variable after it unlocks, so the posted resumption can run, end its pipeline and
+    // destroy the loop before the signal returns. Each fetch worker waits here as it ends
+    // (quiesce()), so no post into its loop is still under way when its runtime goes.
+    static std::mutex& post_mutex() {
+        static std::mutex m;
+        return m;
+    }
     static void post_wakes() {
         auto& w = wakes();
+        if (w.empty()) return;
+        std::lock_guard lock(post_mutex());
         while (!w.empty()) {
             // Those sharing the first one's executor, in the order they came; the rest kept.
             std::vector<std::coroutine_handle<>> hs;

@@ -430,6 +430,7 @@ inline void offer_remote_access(stage_setup& s, const std::shared_ptr<fetch_run>
 template <class>  // declared in io/http.hpp
 task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_options o) {
     auto eng = curl_engine::shared();
+    const curl_engine::quiesce_on_exit settled;  // destroyed first: see curl_engine::quiesce
     std::minstd_rand jitter(std::random_device{}());
     const backoff_policy retry{o.retries, o.backoff_base, o.backoff_cap};
     fetch_state fs{*eng, o, ctx, ctx.stats.counter("requests"), nullptr};
