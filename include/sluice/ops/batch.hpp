@@ -345,30 +345,27 @@ inline host_batch collate_records(std::vector<record>& rs, buffer_source& mem, c
         total += r.data.size();
         b.offsets.push_back(total);
     }
-    if (collated) {  // copied as they arrived (early_collation): the batch is that buffer
-        for (auto& r : rs) {
-            b.sources.push_back(std::move(r.source));
-            b.indices.push_back(r.index);
+    // Copied as they arrived (early_collation): the batch is that buffer, nothing to copy.
+    std::shared_ptr<const buffer> buf = std::move(collated);
+    if (!buf) {
+        // Records of different sizes make batches of different sizes: memory that may also
+        // serve the next, larger batch (buffer_source::allocate_varying).
+        auto fresh = ragged ? mem.allocate_varying(total) : mem.allocate(total);
+        // Streaming stores pay off once the batch is well beyond the L2 cache.
+        const bool stream = total >= (std::size_t{4} << 20);
+        auto copy = std::make_shared<collate_copy>(rs, fresh->data(), b.offsets, stream);
+        if (helper && total >= helped_collation_bytes && rs.size() >= 2)
+            asio::post(*helper, [copy, helped] {
+                const std::uint32_t n = copy->work();
+                if (helped && n) helped->fetch_add(n, std::memory_order_relaxed);
+            });
+        copy->work();
+        if (auto bad = copy->wait()) {
+            const record& r = rs[*bad];
+            if (r.data.lost()) throw_lost(r.data.file()->path(), r.data.file()->lost(), r.key());
+            bad_data_checksum(r);
         }
-        b.data = bytes(std::move(collated), total);
-        return b;
-    }
-    // Records of different sizes make batches of different sizes: memory that may also
-    // serve the next, larger batch (buffer_source::allocate_varying).
-    auto buf = ragged ? mem.allocate_varying(total) : mem.allocate(total);
-    // Streaming stores pay off once the batch is well beyond the L2 cache.
-    const bool stream = total >= (std::size_t{4} << 20);
-    auto copy = std::make_shared<collate_copy>(rs, buf->data(), b.offsets, stream);
-    if (helper && total >= helped_collation_bytes && rs.size() >= 2)
-        asio::post(*helper, [copy, helped] {
-            const std::uint32_t n = copy->work();
-            if (helped && n) helped->fetch_add(n, std::memory_order_relaxed);
-        });
-    copy->work();
-    if (auto bad = copy->wait()) {
-        const record& r = rs[*bad];
-        if (r.data.lost()) throw_lost(r.data.file()->path(), r.data.file()->lost(), r.key());
-        bad_data_checksum(r);
+        buf = std::move(fresh);
     }
     for (auto& r : rs) {
         b.sources.push_back(std::move(r.source));
