@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <atomic>
@@ -63,13 +64,14 @@ TEST_CASE("fetch: objects from nginx arrive whole, streamed in chunks, many in f
     const auto f = p.figures();
     REQUIRE(counter(f, "fetch", "requests") == urls.size());
     REQUIRE(counter(f, "fetch", "retries") == 0);
-    // libcurl's thread has a name of its own (top -H, perf), apart from the I/O loop's.
+    // libcurl's threads (the engine's lanes) have a name of their own (top -H, perf),
+    // apart from the I/O loop's.
     INFO("threads: " << names.size());
-    REQUIRE(names.count("sluice-curl") == 1);
+    REQUIRE(names.count("sluice-curl") == sluice::detail::curl_engine::default_lanes());
     REQUIRE(names.count("sluice-io") >= 1);
 }
 
-TEST_CASE("fetch: two pipelines at once share libcurl's thread and each gets its own objects whole", "[http]") {
+TEST_CASE("fetch: two pipelines at once share libcurl's threads and each gets its own objects whole", "[http]") {
     // One engine serves every fetch in the process and posts the readers it made ready in
     // one round together, grouped by their I/O loop: two pipelines, two loops. Small
     // objects (many finish in one round) and objects of several chunks (paused, resumed).
@@ -141,8 +143,63 @@ TEST_CASE("fetch: two pipelines at once share libcurl's thread and each gets its
         REQUIRE(requests[side] == urls[side].size());
     }
     INFO("threads: " << names.size());
-    REQUIRE(names.count("sluice-curl") == 1);  // one engine for both
+    // One engine for both: its lanes' threads, not one set per pipeline.
+    REQUIRE(names.count("sluice-curl") == sluice::detail::curl_engine::default_lanes());
     REQUIRE(names.count("sluice-io") >= 2);
+}
+
+TEST_CASE("fetch: transfers are spread over the engine's lanes and each object arrives whole", "[http]") {
+    using engine = sluice::detail::curl_engine;
+    // SLUICE_HTTP_THREADS is read when an engine starts; values outside 1-16 are ignored.
+    const std::size_t fallback = std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, 4);
+    for (const char* bad : {"0", "17", "two", "3x", ""}) {
+        ::setenv("SLUICE_HTTP_THREADS", bad, 1);
+        INFO("SLUICE_HTTP_THREADS=" << bad);
+        REQUIRE(engine::default_lanes() == fallback);
+    }
+    ::setenv("SLUICE_HTTP_THREADS", "3", 1);
+    auto eng = engine::shared();  // the process's engine while this test holds it
+    ::unsetenv("SLUICE_HTTP_THREADS");
+    REQUIRE(eng->lanes() == 3);
+    const auto before = eng->started();
+
+    // Small objects, objects of several chunks (paused and resumed on their lane), and
+    // one large object in parts (its parts on several lanes).
+    sluice_test::temp_dir www;
+    sluice::detail::rng r(sluice_test::test_seed());
+    sluice_test::nginx_server nginx(www.path().string());
+    std::map<std::string, std::string> want;
+    std::vector<std::string> urls;
+    for (int i = 0; i < 90; ++i) {
+        const std::size_t size = i == 0 ? (3u << 20) + r.below(1000) : i % 10 == 0 ? 300000 + r.below(1000) : 1 + r.below(20000);
+        const std::string name = "l-" + std::to_string(i);
+        const std::string body = random_bytes(r, size);
+        www.write(name, body);
+        want[nginx.url(name)] = body;
+        urls.push_back(nginx.url(name));
+    }
+    std::map<std::string, std::string> got;
+    std::size_t repeats = 0;
+    sluice::pipeline p(sluice::list(urls) | sluice::plan() |
+                       sluice::fetch({.concurrency = 16, .chunk_size = 64 << 10, .part_size = 512 << 10,
+                                      .parts_in_flight = 4}) |
+                       sluice::raw());
+    for (auto& rec : p) {
+        auto [it, fresh] = got.emplace(rec.source->url, std::string(rec.data.view()));
+        repeats += !fresh;
+    }
+    REQUIRE(repeats == 0);
+    REQUIRE(got == want);
+    const auto requests = counter(p.figures(), "fetch", "requests");
+    const auto after = eng->started();
+    std::uint64_t total = 0;
+    for (std::size_t i = 0; i < 3; ++i) {
+        INFO("lane " << i << ": " << after[i] - before[i] << " transfers");
+        CHECK(after[i] - before[i] >= 10);  // the least busy lane takes each: all three work
+        total += after[i] - before[i];
+    }
+    REQUIRE(total == requests);
+    REQUIRE(requests > urls.size());  // the large object came in parts
 }
 
 TEST_CASE("fetch: libcurl's receive buffers are kept for the next transfer, not faulted in afresh", "[http]") {

@@ -1,6 +1,15 @@
 #pragma once
-// The HTTP engine: one thread driving one libcurl multi handle, shared by every fetch
-// stage in the process.
+// The HTTP engine: a few threads ("lanes"), each driving one libcurl multi handle, shared
+// by every fetch stage in the process. A transfer is given to the lane with the fewest at
+// the time and stays there.
+//
+// Why more than one: a lane's thread does every recv of its transfers and copies each
+// byte once into pooled buffers, so one lane is one core's worth of receiving (1.6 GB/s of
+// 100 KB objects on the bench VM, where curl's own single thread is the same). With the
+// rest of a pipeline (collation, decode) on the other cores, that one thread set the pace
+// of whole-object fetches (bench/RESULTS.md, issue 17: 2,000 objects of 50-150 KB, 0.17
+// -> 0.14 s with two lanes on two cores). Lanes: the hardware threads, at most 4, or
+// SLUICE_HTTP_THREADS (1-16) when set; read once, when the engine starts.
 //
 // Why a thread of its own rather than curl's socket callbacks on the Asio loop: driving
 // curl multi from Asio correctly needs each fd assigned once, one-shot waits re-armed only
@@ -25,6 +34,7 @@
 #include <curl/curl.h>
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <coroutine>
@@ -33,6 +43,7 @@
 #include <mutex>
 #include <optional>
 #include <string_view>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -93,6 +104,7 @@ struct http_transfer {
     std::uint64_t discard = 0;  // bytes of a 200 answer to a Range request to drop
     bool ranged_ignored = false;  // a 200 to a Range request: the whole object follows
     bool status_known = false;
+    unsigned lane = 0;  // the engine's lane that runs it (set by add, before its command)
 
     // Wakes the coroutine, if it waits. Call with m held; returns what to resume.
     std::coroutine_handle<> take_waiter() {
@@ -117,20 +129,40 @@ public:
         return e;
     }
 
-    ~curl_engine() {
-        stop_.store(true);
-        curl_multi_wakeup(multi_);
-        thread_.join();
-        for (auto& [easy, t] : live_) {
-            curl_multi_remove_handle(multi_, easy);
-            release(*t);
-        }
-        curl_multi_cleanup(multi_);
-    }
     curl_engine(const curl_engine&) = delete;
     curl_engine& operator=(const curl_engine&) = delete;
 
-    void add(std::shared_ptr<http_transfer> t) { command(kind::add, std::move(t)); }
+    /// How many lanes (threads) this engine runs.
+    std::size_t lanes() const noexcept { return lanes_.size(); }
+    /// Transfers given to each lane so far (for tests and diagnostics).
+    std::vector<std::uint64_t> started() const {
+        std::vector<std::uint64_t> n;
+        for (auto& l : lanes_) n.push_back(l->started.load(std::memory_order_relaxed));
+        return n;
+    }
+    /// The lanes an engine starts with: SLUICE_HTTP_THREADS when it is 1-16, else the
+    /// hardware threads, at most 4.
+    static std::size_t default_lanes() {
+        if (const char* v = std::getenv("SLUICE_HTTP_THREADS")) {
+            char* end = nullptr;
+            const long n = std::strtol(v, &end, 10);
+            if (end != v && *end == 0 && n >= 1 && n <= 16) return static_cast<std::size_t>(n);
+        }
+        return std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, 4);
+    }
+
+    /// Starts a transfer on the lane with the fewest transfers (ties in turn).
+    void add(std::shared_ptr<http_transfer> t) {
+        const std::size_t n = lanes_.size();
+        std::size_t best = next_.fetch_add(1, std::memory_order_relaxed) % n;
+        for (std::size_t k = 1, i = (best + 1) % n; k < n; ++k, i = (i + 1) % n)
+            if (lanes_[i]->load.load(std::memory_order_relaxed) < lanes_[best]->load.load(std::memory_order_relaxed))
+                best = i;
+        t->lane = static_cast<unsigned>(best);
+        lanes_[best]->load.fetch_add(1, std::memory_order_relaxed);
+        lanes_[best]->started.fetch_add(1, std::memory_order_relaxed);
+        lanes_[best]->command(kind::add, std::move(t));
+    }
     /// After the coroutine took a chunk: unpause the transfer if it was paused. A transfer
     /// that is not paused costs nothing here (no command, no wake-up of the engine's
     /// thread): a small object's one chunk never pauses it. It cannot pause unseen between
@@ -140,7 +172,7 @@ public:
             std::lock_guard lock(t->m);
             if (!t->paused || t->done) return;
         }
-        command(kind::resume, std::move(t));
+        lane_of(*t).command(kind::resume, std::move(t));
     }
     /// The reader has all it asked for and will not read again: the transfer ends on its
     /// own (its connection kept), and waking its reader is skipped.
@@ -161,7 +193,7 @@ public:
     };
     /// Abandons a transfer (the pipeline stopped): it ends with CURLE_ABORTED_BY_CALLBACK
     /// and its reader wakes.
-    void cancel(std::shared_ptr<http_transfer> t) { command(kind::cancel, std::move(t)); }
+    void cancel(std::shared_ptr<http_transfer> t) { lane_of(*t).command(kind::cancel, std::move(t)); }
 
 private:
     enum class kind { add, resume, cancel };
@@ -170,86 +202,127 @@ private:
         std::shared_ptr<http_transfer> t;
     };
 
-    curl_engine() {
-        curl_global();
-        multi_ = curl_multi_init();
-        curl_multi_setopt(multi_, CURLMOPT_PIPELINING, CURLPIPE_MULTIPLEX);
-        curl_multi_setopt(multi_, CURLMOPT_MAX_HOST_CONNECTIONS, 0L);
-        thread_ = std::thread([this] { loop(); });
-        // Its own name in top -H and perf, apart from the I/O loop ("sluice-io") that a
-        // thread made from it would otherwise be named after.
-        ::pthread_setname_np(thread_.native_handle(), "sluice-curl");
-    }
-
-    void command(kind k, std::shared_ptr<http_transfer> t) {
-        {
-            std::lock_guard lock(m_);
-            cmds_.push_back(cmd{k, std::move(t)});
+    // One thread and its multi handle, with the transfers given to it.
+    class lane {
+    public:
+        lane() {
+            multi_ = curl_multi_init();
+            curl_multi_setopt(multi_, CURLMOPT_PIPELINING, CURLPIPE_MULTIPLEX);
+            curl_multi_setopt(multi_, CURLMOPT_MAX_HOST_CONNECTIONS, 0L);
+            thread_ = std::thread([this] { loop(); });
+            // Its own name in top -H and perf, apart from the I/O loop ("sluice-io") that a
+            // thread made from it would otherwise be named after.
+            ::pthread_setname_np(thread_.native_handle(), "sluice-curl");
         }
-        curl_multi_wakeup(multi_);
-    }
+        ~lane() {
+            stop_.store(true);
+            curl_multi_wakeup(multi_);
+            thread_.join();
+            for (auto& [easy, t] : live_) {
+                curl_multi_remove_handle(multi_, easy);
+                release(*t);
+            }
+            curl_multi_cleanup(multi_);
+        }
+        lane(const lane&) = delete;
+        lane& operator=(const lane&) = delete;
 
-    void loop() {
-        std::vector<cmd> cmds;
-        while (!stop_.load()) {
+        void command(kind k, std::shared_ptr<http_transfer> t) {
             {
                 std::lock_guard lock(m_);
-                cmds.assign(std::make_move_iterator(cmds_.begin()), std::make_move_iterator(cmds_.end()));
-                cmds_.clear();
+                cmds_.push_back(cmd{k, std::move(t)});
             }
-            for (auto& c : cmds) apply(c);
-            cmds.clear();
-            int running = 0;
-            curl_multi_perform(multi_, &running);
-            int left = 0;
-            while (CURLMsg* msg = curl_multi_info_read(multi_, &left)) {
-                if (msg->msg != CURLMSG_DONE) continue;
-                auto it = live_.find(msg->easy_handle);
-                if (it == live_.end()) continue;
-                const CURLcode result = msg->data.result;  // msg is invalid once the handle is removed
-                auto t = it->second;
-                live_.erase(it);
-                curl_multi_remove_handle(multi_, t->easy);
-                finish(*t, result);
-            }
-            post_wakes();
-            curl_multi_poll(multi_, nullptr, 0, 1000, nullptr);
+            curl_multi_wakeup(multi_);
         }
-    }
 
-    void apply(cmd& c) {
-        http_transfer& t = *c.t;
-        switch (c.k) {
-        case kind::add:
-            if (!setup(t)) return;
-            if (curl_multi_add_handle(multi_, t.easy) != CURLM_OK) {
-                finish(t, CURLE_FAILED_INIT);
-                return;
-            }
-            live_.emplace(t.easy, c.t);
-            break;
-        case kind::resume: {
-            bool unpause = false;
-            {
-                std::lock_guard lock(t.m);
-                unpause = t.paused && !t.done;
-                if (unpause) t.paused = false;
-            }
-            if (unpause && t.easy) curl_easy_pause(t.easy, CURLPAUSE_CONT);  // may write at once
-            break;
-        }
-        case kind::cancel:
-            // Ends the transfer now and wakes its reader, which may be waiting for a
-            // chunk that a stalled server would never send.
-            if (t.easy && live_.erase(t.easy)) {
-                curl_multi_remove_handle(multi_, t.easy);
-                finish(t, CURLE_ABORTED_BY_CALLBACK);
-            }
-            break;
-        }
-    }
+        std::atomic<std::size_t> load{0};  // transfers added and not yet finished (for add's choice)
+        std::atomic<std::uint64_t> started{0};
 
-    bool setup(http_transfer& t) {
+    private:
+        void loop() {
+            std::vector<cmd> cmds;
+            while (!stop_.load()) {
+                {
+                    std::lock_guard lock(m_);
+                    cmds.assign(std::make_move_iterator(cmds_.begin()), std::make_move_iterator(cmds_.end()));
+                    cmds_.clear();
+                }
+                for (auto& c : cmds) apply(c);
+                cmds.clear();
+                int running = 0;
+                curl_multi_perform(multi_, &running);
+                int left = 0;
+                while (CURLMsg* msg = curl_multi_info_read(multi_, &left)) {
+                    if (msg->msg != CURLMSG_DONE) continue;
+                    auto it = live_.find(msg->easy_handle);
+                    if (it == live_.end()) continue;
+                    const CURLcode result = msg->data.result;  // msg is invalid once the handle is removed
+                    auto t = it->second;
+                    live_.erase(it);
+                    curl_multi_remove_handle(multi_, t->easy);
+                    done(*t, result);
+                }
+                post_wakes();
+                curl_multi_poll(multi_, nullptr, 0, 1000, nullptr);
+            }
+        }
+
+        void done(http_transfer& t, CURLcode result) {
+            load.fetch_sub(1, std::memory_order_relaxed);
+            finish(t, result);
+        }
+
+        void apply(cmd& c) {
+            http_transfer& t = *c.t;
+            switch (c.k) {
+            case kind::add:
+                if (!setup(t)) {
+                    load.fetch_sub(1, std::memory_order_relaxed);  // setup finished it
+                    return;
+                }
+                if (curl_multi_add_handle(multi_, t.easy) != CURLM_OK) {
+                    done(t, CURLE_FAILED_INIT);
+                    return;
+                }
+                live_.emplace(t.easy, c.t);
+                break;
+            case kind::resume: {
+                bool unpause = false;
+                {
+                    std::lock_guard lock(t.m);
+                    unpause = t.paused && !t.done;
+                    if (unpause) t.paused = false;
+                }
+                if (unpause && t.easy) curl_easy_pause(t.easy, CURLPAUSE_CONT);  // may write at once
+                break;
+            }
+            case kind::cancel:
+                // Ends the transfer now and wakes its reader, which may be waiting for a
+                // chunk that a stalled server would never send.
+                if (t.easy && live_.erase(t.easy)) {
+                    curl_multi_remove_handle(multi_, t.easy);
+                    done(t, CURLE_ABORTED_BY_CALLBACK);
+                }
+                break;
+            }
+        }
+
+        CURLM* multi_ = nullptr;
+        std::thread thread_;
+        std::atomic<bool> stop_{false};
+        std::mutex m_;
+        std::vector<cmd> cmds_;
+        std::unordered_map<CURL*, std::shared_ptr<http_transfer>> live_;
+    };
+
+    curl_engine() {
+        curl_global();
+        const std::size_t n = default_lanes();
+        for (std::size_t i = 0; i < n; ++i) lanes_.push_back(std::make_unique<lane>());
+    }
+    lane& lane_of(const http_transfer& t) { return *lanes_[t.lane < lanes_.size() ? t.lane : 0]; }
+
+    static bool setup(http_transfer& t) {
         t.easy = curl_easy();
         if (!t.easy) {
             finish(t, CURLE_OUT_OF_MEMORY);
@@ -470,12 +543,8 @@ private:
         return total;
     }
 
-    CURLM* multi_ = nullptr;
-    std::thread thread_;
-    std::atomic<bool> stop_{false};
-    std::mutex m_;
-    std::vector<cmd> cmds_;
-    std::unordered_map<CURL*, std::shared_ptr<http_transfer>> live_;
+    std::vector<std::unique_ptr<lane>> lanes_;  // destroyed (each joined) with the engine
+    std::atomic<std::size_t> next_{0};
 };
 
 /// `co_await next_http_event{t}`: the next chunk of the transfer, or nothing when it is
