@@ -5,6 +5,7 @@
 #include <curl/curl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <random>
@@ -49,5 +50,21 @@ struct backoff_policy {
         return std::chrono::milliseconds(static_cast<long long>(rng() % static_cast<unsigned long long>(ceiling + 1)));
     }
 };
+
+/// A seed for a backoff's jitter: the process's one draw from std::random_device, mixed
+/// with a count, so workers and processes back off apart. (std::random_device is opened
+/// once: on these VMs each construction cost about 10 us of CPUID and a file, 64 of them
+/// per fetch stage.)
+inline std::uint32_t jitter_seed() {
+    static const std::uint64_t base = [] {
+        std::random_device rd;
+        return (std::uint64_t{rd()} << 32) | rd();
+    }();
+    static std::atomic<std::uint64_t> count{0};
+    std::uint64_t z = base + 0x9e3779b97f4a7c15ull * (count.fetch_add(1, std::memory_order_relaxed) + 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;  // splitmix64's finaliser
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return static_cast<std::uint32_t>(z ^ (z >> 31));
+}
 
 }  // namespace sluice::detail

@@ -67,7 +67,7 @@ inline std::vector<std::string> s3_list(const s3_options& opts, const std::strin
     const std::string prefix = loc->key.substr(0, wild);
     std::vector<std::string> out;
     std::string token;
-    std::minstd_rand jitter(std::random_device{}());
+    std::minstd_rand jitter(jitter_seed());
     bool reread = false;  // credentials read again after a refusal: once per listing
     for (;;) {
         std::vector<std::pair<std::string, std::string>> q{{"list-type", "2"}};

@@ -416,7 +416,7 @@ private:
     fetch_options o_;
     std::stop_token stop_;
     CURL* e_;
-    std::minstd_rand jitter_{std::random_device{}()};
+    std::minstd_rand jitter_{jitter_seed()};
 };
 
 inline void offer_remote_access(stage_setup& s, const std::shared_ptr<fetch_run>& run, const fetch_options& o) {
@@ -431,7 +431,7 @@ template <class>  // declared in io/http.hpp
 task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_options o) {
     auto eng = curl_engine::shared();
     const curl_engine::quiesce_on_exit settled;  // destroyed first: see curl_engine::quiesce
-    std::minstd_rand jitter(std::random_device{}());
+    std::minstd_rand jitter(jitter_seed());
     const backoff_policy retry{o.retries, o.backoff_base, o.backoff_cap};
     fetch_state fs{*eng, o, ctx, ctx.stats.counter("requests"), nullptr};
     auto& retries = ctx.stats.counter("retries");
