@@ -259,9 +259,9 @@ public:
             buf_ = mem_->allocate_varying(last_ ? last_ : std::min(first * n, std::max(first, first_guess_max)));
             used_ = 0;
             for (std::size_t i = 0; i + 1 < group.size(); ++i)  // those that came before the memory
-                if (!copy_in(group, i, n)) return;
+                if (!copy_in(group, i)) return;
         }
-        copy_in(group, group.size() - 1, n);
+        copy_in(group, group.size() - 1);
     }
     /// The group is complete: the buffer its records lie in, in order (null when some were
     /// left for collation to copy). The next group starts a buffer of its own.
@@ -275,7 +275,7 @@ public:
     }
 
 private:
-    bool copy_in(std::vector<record>& group, std::size_t i, std::size_t n) {
+    bool copy_in(std::vector<record>& group, std::size_t i) {
         record& r = group[i];
         const std::size_t size = r.data.size();
         if (size == 0) {  // nothing to copy; a checksum left to batch is still checked
@@ -574,7 +574,7 @@ stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = f
                                   : early_collation());
                 else
                     return batch_worker<T, G>(
-                        ctx, o, [](std::vector<T>& g, std::uint32_t e, std::uint64_t pos) { return G{std::move(g), e, pos}; },
+                        ctx, o, [](std::vector<T>& g, std::uint32_t e, std::uint64_t pos) { return G{std::move(g), e, pos, {}}; },
                         run.one_at_a_time);
             });
         auto collated = gated_stage(make_stage<G, host_batch>(
@@ -667,7 +667,7 @@ auto batch(batch_options o, F collate) {
                     "group", {.on = pool::cpu, .out = {o.concurrency, 0}}, detail::batch_setup<T>(o),
                     [o](stage_context<T, G>& ctx) {
                         return detail::batch_worker<T, G>(ctx, o, [](std::vector<T>& g, std::uint32_t e, std::uint64_t pos) {
-                            return G{std::move(g), e, pos};
+                            return G{std::move(g), e, pos, {}};
                         });
                     });
                 auto collated = make_item_stage<G, Out>(
