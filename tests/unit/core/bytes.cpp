@@ -2,6 +2,12 @@
 
 #include "support/test_support.hpp"
 
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+
 TEST_CASE("slices share their buffer and keep it alive", "[bytes]") {
     auto pool = sluice::buffer_pool::create(1 << 20);
     auto buf = pool->allocate(1000);
@@ -122,4 +128,38 @@ TEST_CASE("compact copies a small slice out of a large buffer", "[bytes]") {
     auto large = whole.slice(0, 600'000).compact();  // most of the buffer: kept as a slice
     REQUIRE(large.data() == whole.data());
     REQUIRE(sluice::bytes::copy_of(std::string_view("abc")).view() == "abc");
+}
+
+TEST_CASE("buffers of 4 MiB and more lie on 2 MiB boundaries and ask for huge pages", "[bytes]") {
+    if (!sluice::detail::maps_buffer(sluice::detail::huge_buffer_bytes)) {
+        WARN("[test skipped] this build takes large buffers from malloc (AddressSanitizer checks their bounds)");
+        return;
+    }
+    // The advice shows as "hg" among the mapping's VmFlags whether or not the kernel has a
+    // huge page to give (or THP is "never").
+    auto flags_of = [](const std::byte* p) {
+        std::ifstream smaps("/proc/self/smaps");
+        std::string line;
+        bool in = false;
+        const auto at = reinterpret_cast<std::uintptr_t>(p);
+        while (std::getline(smaps, line)) {
+            unsigned long lo = 0, hi = 0;
+            if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2) in = lo <= at && at < hi;  // a mapping's first line
+            if (in && line.rfind("VmFlags:", 0) == 0) return line;
+        }
+        return std::string();
+    };
+    for (std::size_t size : {std::size_t{4} << 20, (std::size_t{25} << 20) + 12345}) {
+        INFO("size " << size);
+        sluice::buffer b(size);
+        REQUIRE(reinterpret_cast<std::uintptr_t>(b.data()) % (std::size_t{2} << 20) == 0);
+        std::memset(b.data(), 7, size);  // all of it is the buffer's: none was given back
+        REQUIRE(b.data()[size - 1] == std::byte{7});
+        const std::string flags = flags_of(b.data());
+        REQUIRE(!flags.empty());
+        CHECK(flags.find(" hg") != std::string::npos);
+    }
+    // Below 4 MiB: mapped as it was, no advice asked.
+    sluice::buffer small(2u << 20);
+    CHECK(flags_of(small.data()).find(" hg") == std::string::npos);
 }
