@@ -1,0 +1,47 @@
+#!/bin/bash
+# Alternating rounds over HTTP: curl --parallel 64, then each given sluice-probe, ROUNDS
+# times; prints each program's median wall clock and CPU (task-clock) and its ratio to
+# curl's. For comparing builds or settings on a noisy VM, where bench/run.sh's best of 5
+# whole processes catches curl's lucky runs.
+#
+#   bench/http_rounds.sh BASE_URL raw|tar|big ROUNDS NAME=PROBE [NAME=PROBE...]
+#
+# BASE_URL serves bench/run.sh http's data (build-release/bench-data/http: w/obj-*.bin,
+# o/shard-*.tar, big.bin), e.g. nginx started as bench/run.sh http starts it. A NAME
+# ending in "@1" runs its probe with SLUICE_HTTP_THREADS=1.
+set -euo pipefail
+base=$1 mode=$2 rounds=$3; shift 3
+case $mode in
+  raw) args=(--format raw --batch 256 --no-crc --json --quiet --in-flight 64 "$base/w/obj-{000000..001999}.bin")
+       curlurl="$base/w/obj-[000000-001999].bin" ;;
+  tar) args=(--format tar --batch 256 --no-crc --json --quiet --in-flight 64 "$base/o/shard-{000000..001999}.tar")
+       curlurl="$base/o/shard-[000000-001999].tar" ;;
+  big) args=(--format chunks --no-crc --json --quiet "$base/big.bin"); curlurl="$base/big.bin" ;;
+  *) echo "mode: raw, tar or big" >&2; exit 2 ;;
+esac
+out=$(mktemp); trap 'rm -f "$out"' EXIT
+one() {  # NAME command...: "NAME wall_s cpu_s"
+  local name=$1 t0 t1 c; shift
+  t0=$EPOCHREALTIME
+  c=$(perf stat -x, -e task-clock "$@" 2>&1 >/dev/null | grep task-clock | cut -d, -f1)
+  t1=$EPOCHREALTIME
+  awk -v n="$name" -v a="$t0" -v b="$t1" -v c="$c" 'BEGIN { printf "%s %.4f %.4f\n", n, b - a, c / 1000 }'
+}
+for _ in $(seq "$rounds"); do
+  one curl curl -s --parallel --parallel-max 64 -o /dev/null "$curlurl" >> "$out"
+  for p in "$@"; do
+    name=${p%%=*} probe=${p#*=}
+    if [[ $name == *@1 ]]; then SLUICE_HTTP_THREADS=1 one "$name" "$probe" "${args[@]}" >> "$out"
+    else one "$name" "$probe" "${args[@]}" >> "$out"; fi
+  done
+done
+python3 - "$out" <<'PY'
+import collections, statistics as st, sys
+w, c = collections.defaultdict(list), collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    k, a, b = line.split(); w[k].append(float(a)); c[k].append(float(b))
+cw, cc = st.median(w["curl"]), st.median(c["curl"])
+for k in w:
+    print(f"{k}: {len(w[k])} rounds, wall median {st.median(w[k]):.4f} s ({cw / st.median(w[k]):.3f} x curl), "
+          f"CPU median {st.median(c[k]):.4f} s ({st.median(c[k]) / cc:.2f} x curl's)")
+PY
