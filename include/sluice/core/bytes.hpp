@@ -24,6 +24,7 @@
 #include <new>
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <emmintrin.h>
@@ -91,24 +92,28 @@ inline bool maps_buffer(std::size_t capacity) noexcept {
 /// pages (MADV_HUGEPAGE; Debian's kernels give them to regions that ask, "madvise"): a batch
 /// of 25 MB is then faulted in with a dozen faults rather than 6,000. First touch of fresh
 /// memory is what a pipeline's first epoch pays for its batches (bench/RESULTS.md, issue
-/// 17: 2,000 objects over HTTP, 20,000 page faults and 210 ms of CPU -> 7,000 and 175 ms).
+/// 17: 2,000 objects over HTTP, 19,000-20,800 page faults -> 6,500-8,500, and a median
+/// 0.224 -> 0.188 s of CPU).
 /// The kernel gives ordinary pages where it has no huge one free (or THP is "never"), and
 /// a buffer holds at most the 2 MiB it touched last beyond what it wrote.
 inline constexpr std::size_t huge_buffer_bytes = std::size_t{4} << 20;
 inline std::byte* map_buffer(std::size_t capacity) {
     constexpr std::size_t huge = std::size_t{2} << 20;
     const std::size_t slack = capacity >= huge_buffer_bytes ? huge : 0;
+    if (capacity > SIZE_MAX - 2 * huge) throw std::bad_alloc();
     void* p = ::mmap(nullptr, capacity + slack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
     if (!slack) return static_cast<std::byte*>(p);
-    // Keep the aligned `capacity` bytes, give back the rest: unmap_buffer then unmaps
-    // exactly the buffer.
+    // Keep the aligned `capacity` bytes (whole pages: munmap needs a page-aligned start),
+    // give back the rest: unmap_buffer then unmaps exactly the buffer.
+    static const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    const std::size_t len = (capacity + page - 1) / page * page;
     const auto a = reinterpret_cast<std::uintptr_t>(p);
     const auto b = (a + huge - 1) & ~(std::uintptr_t{huge} - 1);
     if (b > a) ::munmap(p, b - a);
-    if (a + slack > b) ::munmap(reinterpret_cast<void*>(b + capacity), a + slack - b);
+    if (a + slack > b) ::munmap(reinterpret_cast<void*>(b + len), a + slack - b);  // mapped: a .. a + len + slack
 #ifdef MADV_HUGEPAGE
-    ::madvise(reinterpret_cast<void*>(b), capacity, MADV_HUGEPAGE);  // advice: failure is harmless
+    ::madvise(reinterpret_cast<void*>(b), len, MADV_HUGEPAGE);  // advice: failure is harmless
 #endif
     return reinterpret_cast<std::byte*>(b);
 }
