@@ -113,7 +113,7 @@ options:
   --shared-limit DIR     http(s)/s3: share one request limit (AIMD and 503 back-off)
                          with every process of the node that names DIR (e.g. --cache's);
                          --in-flight then bounds this process, the node together
-  --threads T            CPU pool threads (default: hardware threads)
+  --threads T            CPU pool threads (default: the CPUs it may run on)
   --chunk-size BYTES     read size (default 4194304)
   --channel-bytes BYTES  byte budget of each channel (read, gunzip, decode, batch)
                          (default 67108864); their sum is reported as budget_bytes
@@ -431,7 +431,7 @@ options parse(int argc, char** argv) {
     // Ceilings: the tuner climbs from 8 requests, one file, one worker.
     if (o.tune && !o.in_flight_given) o.in_flight = 256;
     if (o.tune && !o.files_given) o.files_in_flight = 16;
-    if (o.tune && !o.collate_given) o.collate_threads = std::max(1u, o.threads ? o.threads : std::thread::hardware_concurrency());
+    if (o.tune && !o.collate_given) o.collate_threads = std::max(1u, o.threads ? o.threads : sluice::detail::usable_cpus());
     if (o.rank.has_value() != o.world.has_value()) usage_error("--rank and --world go together");
     if (o.world && (*o.world == 0 || *o.rank >= *o.world)) usage_error("--rank must be below --world");
     if (o.pinned && o.device) usage_error("--pinned is the host sink; --device collates into pinned memory itself");
@@ -802,7 +802,7 @@ int main(int argc, char** argv) {
     if (!o.images.empty()) {
 #if defined(SLUICE_HAVE_IMAGE)
         const unsigned threads =
-            o.decode_threads ? o.decode_threads : std::max(1u, o.threads ? o.threads : std::thread::hardware_concurrency());
+            o.decode_threads ? o.decode_threads : std::max(1u, o.threads ? o.threads : sluice::detail::usable_cpus());
         sluice::image_options io{.mode = o.images == "train" ? sluice::image_mode::train : sluice::image_mode::eval,
                                  .size = o.image_size,
                                  .resize = o.image_size * 8 / 7,

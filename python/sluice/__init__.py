@@ -86,8 +86,8 @@ class Pipeline:
     """Runs a chain that ends in batches. Iterate it; state() is the data position
     (bytes) that Pipeline(chain, resume=state) goes on from; figures() the per-stage
     figures as a dict; stop() ends it (so does Ctrl-C while it waits, and del).
-    cpu_threads: the CPU pool's size, C++'s pipeline_options.runtime.cpu_threads (0: the
-    machine's cores). metrics: {"file": path, "port": n, "interval": seconds}, the live
+    cpu_threads: the CPU pool's size, C++'s pipeline_options.runtime.cpu_threads (0: the CPUs
+    the process may run on). metrics: {"file": path, "port": n, "interval": seconds}, the live
     figures in Prometheus' text format (C++'s pipeline_options.metrics; port 0 picks a
     free one, metrics_port() says which). trace: a file for a Chrome trace of the run,
     written when it stops. tune: let the tuner move requests in flight, files in flight

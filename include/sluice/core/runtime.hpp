@@ -12,6 +12,7 @@
 // stays small next to the pipeline's seconds.
 
 #include <sluice/core/bytes.hpp>
+#include <sluice/core/detail/cpus.hpp>
 #include <sluice/core/task.hpp>
 
 #include <asio/executor_work_guard.hpp>
@@ -31,7 +32,8 @@
 namespace sluice {
 
 struct runtime_options {
-    /// Threads in the CPU pool; 0 means one per hardware thread.
+    /// Threads in the CPU pool; 0 means one per CPU the process may run on (its affinity
+    /// mask: taskset, a container's cpuset).
     unsigned cpu_threads = 0;
     /// Bytes of freed buffers kept for reuse by the runtime's buffer pool.
     std::size_t pool_cache_bytes = 256u << 20;
@@ -44,7 +46,7 @@ class runtime {
 public:
     explicit runtime(runtime_options o = {})
         : cpu_threads_(o.cpu_threads ? o.cpu_threads
-                                     : std::max(1u, std::thread::hardware_concurrency())),
+                                     : detail::usable_cpus()),
           cpu_(cpu_threads_),
           work_(asio::make_work_guard(io_)),
           buffers_(buffer_pool::create(o.pool_cache_bytes)) {

@@ -3,6 +3,7 @@
 // buffer with offsets (ragged records need no padding).
 
 #include <sluice/core/bytes.hpp>
+#include <sluice/core/detail/cpus.hpp>
 #include <sluice/core/record.hpp>
 #include <sluice/core/stage.hpp>
 #include <sluice/formats/crc32c.hpp>
@@ -228,7 +229,7 @@ private:
 /// file read whole; not a slice of a shared chunk or of a mapped file). Such a record
 /// otherwise holds its buffer until the group is full: 256 of them, 25 MB for 100 KB
 /// objects, which the fetch must then take fresh from the system (page faults on
-/// libcurl's thread, which sets the pace: bench/RESULTS.md, issue 17). Copied on arrival,
+/// libcurl's threads, which set the pace: bench/RESULTS.md, issue 17). Copied on arrival,
 /// its bytes are still in the cache and its buffer goes back to the pool for the next
 /// object. Records are copied in the order they join, so the batch is the buffer's first
 /// bytes and collate_records has nothing left to copy. The buffer is sized from the last
@@ -538,7 +539,7 @@ stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = f
     // which a second thread of the CPU pool joins on large batches. Grouping (a channel
     // receive per record) then overlaps the copy, and the copy runs on two cores, with one
     // batch being collated as with one stage.
-    const bool helped = automatic && can_help && std::thread::hardware_concurrency() >= 2;
+    const bool helped = automatic && can_help && detail::usable_cpus() >= 2;
     if (o.concurrency > 1 || helped) {
         using G = item_group<T>;
         struct group_run {

@@ -2,8 +2,11 @@
 
 #include "support/test_support.hpp"
 
+#include <sched.h>
+
 #include <chrono>
 #include <future>
+#include <thread>
 
 TEST_CASE("the runtime runs work on its I/O loop and its CPU pool and names the pool's threads", "[runtime]") {
     sluice::runtime rt({.cpu_threads = 3});
@@ -57,4 +60,32 @@ TEST_CASE("the runtime reports its I/O thread's CPU time, and names the thread",
     const double total = rt.io_cpu_seconds();  // kept after the thread is gone
     REQUIRE(total >= after);
     REQUIRE(rt.io_cpu_seconds() == total);
+}
+
+TEST_CASE("default thread counts follow the CPUs the process may run on, not the machine's", "[runtime]") {
+    // A thread confined to one CPU (as `taskset -c 0` confines a process) sees one: the
+    // CPU pool of a runtime it makes has one thread, whatever the machine has.
+    std::size_t seen = 0, pool = 0;
+    int rc = -1;
+    std::thread([&] {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        cpu_set_t mine;
+        CPU_ZERO(&mine);
+        if (::sched_getaffinity(0, sizeof mine, &mine) != 0) return;
+        for (int c = 0; c < CPU_SETSIZE; ++c)
+            if (CPU_ISSET(c, &mine)) {
+                CPU_SET(c, &one);
+                break;
+            }
+        rc = ::sched_setaffinity(0, sizeof one, &one);
+        if (rc != 0) return;
+        seen = sluice::detail::usable_cpus();
+        sluice::runtime rt;  // its threads inherit the mask; none of them outlives this one
+        pool = rt.cpu_threads();
+    }).join();
+    REQUIRE(rc == 0);
+    REQUIRE(seen == 1);
+    REQUIRE(pool == 1);
+    REQUIRE(sluice::detail::usable_cpus() >= 1);  // this thread's mask is untouched
 }

@@ -255,7 +255,7 @@ TEST_CASE("batch of records groups and collates on one worker by default, under 
     for (std::size_t budget : {std::size_t{0}, std::size_t{64} << 20}) {
         const auto [automatic, fa] = run({.size = 64}, {.memory = budget});
         REQUIRE(automatic == one);  // the same bytes, offsets and places in the sequence
-        if (std::thread::hardware_concurrency() >= 2) {
+        if (sluice::detail::usable_cpus() >= 2) {
             REQUIRE(workers(fa, "group") == 1);  // grouping, then collation on one worker (helped)
             REQUIRE(workers(fa, "batch") == 1);
         } else {
@@ -399,14 +399,14 @@ TEST_CASE("batches of 4 MiB and more are the same bytes when the default collati
     REQUIRE(!none);  // one thread by hand: no helper
     const auto [automatic, helped] = run(0);
     REQUIRE(automatic == one);
-    if (std::thread::hardware_concurrency() >= 2) REQUIRE(helped.has_value());  // the helper was offered
+    if (sluice::detail::usable_cpus() >= 2) REQUIRE(helped.has_value());  // the helper was offered
     // How many records the second thread took depends on timing.
 }
 
 TEST_CASE("under a memory budget the automatic batch holds two groups of records, the one collated and the one filled",
           "[batch][memory]") {
-    if (std::thread::hardware_concurrency() < 2) {
-        WARN("[test skipped] one hardware thread: batch is one stage, which holds one group");
+    if (sluice::detail::usable_cpus() < 2) {
+        WARN("[test skipped] one usable CPU: batch is one stage, which holds one group");
         return;
     }
     // Each record's bytes copied into a buffer that counts itself while it lives.
@@ -462,7 +462,7 @@ std::optional<std::uint64_t> stage_counter(const sluice::pipeline_figures& f, co
 
 TEST_CASE("records that hold a buffer of their own are copied into their batch as they arrive, others at collation",
           "[batch]") {
-    if (std::thread::hardware_concurrency() < 2) {
+    if (sluice::detail::usable_cpus() < 2) {
         WARN("[test skipped] one hardware thread: batch is one stage, which copies each batch whole");
         return;
     }

@@ -7,9 +7,10 @@
 // byte once into pooled buffers, so one lane is one core's worth of receiving (1.6 GB/s of
 // 100 KB objects on the bench VM, where curl's own single thread is the same). With the
 // rest of a pipeline (collation, decode) on the other cores, that one thread set the pace
-// of whole-object fetches (bench/RESULTS.md, issue 17: 2,000 objects of 50-150 KB, 0.17
-// -> 0.14 s with two lanes on two cores). Lanes: the hardware threads, at most 4, or
-// SLUICE_HTTP_THREADS (1-16) when set; read once, when the engine starts.
+// of whole-object fetches (bench/RESULTS.md, issue 17: 2,000 objects of 50-150 KB, median
+// 0.209 -> 0.159 s, huge pages and two lanes on two cores; curl 0.156 s). Lanes: the CPUs
+// the process may run on, at most 4, or SLUICE_HTTP_THREADS (1-16) when set; read each
+// time the engine starts.
 //
 // Why a thread of its own rather than curl's socket callbacks on the Asio loop: driving
 // curl multi from Asio correctly needs each fd assigned once, one-shot waits re-armed only
@@ -27,6 +28,7 @@
 // holds a download at about two chunks, whatever the object's size.
 
 #include <sluice/core/bytes.hpp>
+#include <sluice/core/detail/cpus.hpp>
 #include <sluice/core/task.hpp>
 #include <sluice/io/detail/curl_global.hpp>
 #include <sluice/io/detail/s3_sign.hpp>
@@ -36,6 +38,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cassert>
 #include <cctype>
 #include <coroutine>
 #include <deque>
@@ -69,7 +72,7 @@ struct http_request {
     std::shared_ptr<buffer_source> mem;  // shared: a transfer may outlive its pipeline's runtime
 };
 
-/// One transfer, shared by the engine's thread and the coroutine reading it.
+/// One transfer, shared by its lane's thread and the coroutine reading it.
 struct http_transfer {
     explicit http_transfer(http_request r) : req(std::move(r)) {}
     http_request req;
@@ -85,7 +88,7 @@ struct http_transfer {
     std::coroutine_handle<> waiter;
     executor waiter_ex;
 
-    // Filled by the engine's thread; read by the coroutine after `done`.
+    // Filled by its lane's thread; read by the coroutine after `done`.
     CURLcode result = CURLE_OK;
     long status = 0;
     std::string etag;
@@ -93,8 +96,11 @@ struct http_transfer {
     std::uint64_t range_start = http_request::npos;  // where the answered range starts
     std::string error_body;  // the start of an error reply's body (S3's XML code...)
     char errbuf[CURL_ERROR_SIZE] = {};
+    // The lane that runs it: written by add before the transfer is posted to that lane,
+    // read by whoever resumes or cancels it later (after add returned).
+    unsigned lane = 0;
 
-    // The engine's thread only.
+    // Its lane's thread only.
     CURL* easy = nullptr;
     curl_slist* headers = nullptr;
     std::shared_ptr<buffer> buf;
@@ -104,7 +110,6 @@ struct http_transfer {
     std::uint64_t discard = 0;  // bytes of a 200 answer to a Range request to drop
     bool ranged_ignored = false;  // a 200 to a Range request: the whole object follows
     bool status_known = false;
-    unsigned lane = 0;  // the engine's lane that runs it (set by add, before its command)
 
     // Wakes the coroutine, if it waits. Call with m held; returns what to resume.
     std::coroutine_handle<> take_waiter() {
@@ -141,14 +146,14 @@ public:
         return n;
     }
     /// The lanes an engine starts with: SLUICE_HTTP_THREADS when it is 1-16, else the
-    /// hardware threads, at most 4.
+    /// CPUs the process may run on (detail::usable_cpus), at most 4.
     static std::size_t default_lanes() {
         if (const char* v = std::getenv("SLUICE_HTTP_THREADS")) {
             char* end = nullptr;
             const long n = std::strtol(v, &end, 10);
             if (end != v && *end == 0 && n >= 1 && n <= 16) return static_cast<std::size_t>(n);
         }
-        return std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, 4);
+        return std::clamp<std::size_t>(usable_cpus(), 1, 4);
     }
 
     /// Starts a transfer on the lane with the fewest transfers (ties in turn).
@@ -182,7 +187,7 @@ public:
         t.ready.clear();
         t.waiter = nullptr;
     }
-    /// Returns once no post by the engine's thread is under way: a fetch worker ends with
+    /// Returns once no post by a lane's thread is under way: a fetch worker ends with
     /// it (quiesce_on_exit), so its I/O loop is not destroyed under one.
     static void quiesce() { std::lock_guard lock(post_mutex()); }
     struct quiesce_on_exit {
@@ -320,7 +325,10 @@ private:
         const std::size_t n = default_lanes();
         for (std::size_t i = 0; i < n; ++i) lanes_.push_back(std::make_unique<lane>());
     }
-    lane& lane_of(const http_transfer& t) { return *lanes_[t.lane < lanes_.size() ? t.lane : 0]; }
+    lane& lane_of(const http_transfer& t) {
+        assert(t.lane < lanes_.size());
+        return *lanes_[t.lane < lanes_.size() ? t.lane : 0];
+    }
 
     static bool setup(http_transfer& t) {
         t.easy = curl_easy();
@@ -417,7 +425,7 @@ private:
         return w;
     }
     static void wake(executor ex, std::coroutine_handle<> h) { wakes().push_back({std::move(ex), h}); }
-    // Held while the engine's thread posts: asio's post signals the loop's condition
+    // Held while a lane's thread posts: asio's post signals the loop's condition
     // variable after it unlocks, so the posted resumption can run, end its pipeline and
     // destroy the loop before the signal returns. Each fetch worker waits here as it ends
     // (quiesce()), so no post into its loop is still under way when its runtime goes.

@@ -147,7 +147,7 @@ struct fetch_state {
         req.max_redirects = o.max_redirects;
         req.verify_tls = !o.insecure;
         req.ca_file = !o.ca_file.empty() ? o.ca_file : where.second.ca_bundle;
-        req.mem = ctx.rt.buffers();  // shared: the engine's thread may outlive this pipeline's runtime
+        req.mem = ctx.rt.buffers();  // shared: the engine's lanes may outlive this pipeline's runtime
         p.t = std::make_shared<http_transfer>(std::move(req));
         requests.fetch_add(1, std::memory_order_relaxed);
         eng.add(p.t);
