@@ -151,15 +151,16 @@ TEST_CASE("fetch: two pipelines at once share libcurl's threads and each gets it
 TEST_CASE("fetch: transfers are spread over the engine's lanes and each object arrives whole", "[http]") {
     using engine = sluice::detail::curl_engine;
     // SLUICE_HTTP_THREADS is read when an engine starts; values outside 1-16 are ignored.
-    const std::size_t fallback = std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, 4);
+    const std::size_t fallback = std::clamp<std::size_t>(sluice::detail::usable_cpus(), 1, 4);
     for (const char* bad : {"0", "17", "two", "3x", ""}) {
-        ::setenv("SLUICE_HTTP_THREADS", bad, 1);
+        sluice_test::scoped_env env{{{"SLUICE_HTTP_THREADS", std::string(bad)}}};
         INFO("SLUICE_HTTP_THREADS=" << bad);
         REQUIRE(engine::default_lanes() == fallback);
     }
-    ::setenv("SLUICE_HTTP_THREADS", "3", 1);
-    auto eng = engine::shared();  // the process's engine while this test holds it
-    ::unsetenv("SLUICE_HTTP_THREADS");
+    auto eng = [] {
+        sluice_test::scoped_env env{{{"SLUICE_HTTP_THREADS", std::string("3")}}};
+        return engine::shared();  // the process's engine while this test holds it
+    }();
     REQUIRE(eng->lanes() == 3);
     const auto before = eng->started();
 
@@ -195,7 +196,7 @@ TEST_CASE("fetch: transfers are spread over the engine's lanes and each object a
     std::uint64_t total = 0;
     for (std::size_t i = 0; i < 3; ++i) {
         INFO("lane " << i << ": " << after[i] - before[i] << " transfers");
-        CHECK(after[i] - before[i] >= 10);  // the least busy lane takes each: all three work
+        CHECK(after[i] - before[i] >= requests / 10);  // the least busy lane takes each: all three work
         total += after[i] - before[i];
     }
     REQUIRE(total == requests);

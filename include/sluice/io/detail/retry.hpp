@@ -3,6 +3,7 @@
 // failures are transient, and capped exponential backoff with full jitter.
 
 #include <curl/curl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -61,7 +62,10 @@ inline std::uint32_t jitter_seed() {
         return (std::uint64_t{rd()} << 32) | rd();
     }();
     static std::atomic<std::uint64_t> count{0};
-    std::uint64_t z = base + 0x9e3779b97f4a7c15ull * (count.fetch_add(1, std::memory_order_relaxed) + 1);
+    // The pid too: a process forked after the first call (a DataLoader's workers) shares
+    // base and count with its parent and siblings.
+    std::uint64_t z = base ^ (std::uint64_t(::getpid()) << 32);
+    z += 0x9e3779b97f4a7c15ull * (count.fetch_add(1, std::memory_order_relaxed) + 1);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;  // splitmix64's finaliser
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return static_cast<std::uint32_t>(z ^ (z >> 31));
