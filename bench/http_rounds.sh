@@ -10,6 +10,8 @@
 # o/shard-*.tar, big.bin), e.g. nginx started as bench/run.sh http starts it. A NAME
 # ending in "@1" runs its probe with SLUICE_HTTP_THREADS=1.
 set -euo pipefail
+[ $# -ge 4 ] || { sed -n '2,11p' "$0" >&2; exit 2; }
+command -v perf >/dev/null || { echo "bench/http_rounds.sh: needs perf (Debian: linux-perf) for task-clock" >&2; exit 2; }
 base=$1 mode=$2 rounds=$3; shift 3
 case $mode in
   raw) args=(--format raw --batch 256 --no-crc --json --quiet --in-flight 64 "$base/w/obj-{000000..001999}.bin")
@@ -41,7 +43,8 @@ w, c = collections.defaultdict(list), collections.defaultdict(list)
 for line in open(sys.argv[1]):
     k, a, b = line.split(); w[k].append(float(a)); c[k].append(float(b))
 cw, cc = st.median(w["curl"]), st.median(c["curl"])
+ratio = lambda a, b: f"{a / b:.3f}" if b > 0 else "n/a"  # perf printed no task-clock: 0
 for k in w:
-    print(f"{k}: {len(w[k])} rounds, wall median {st.median(w[k]):.4f} s ({cw / st.median(w[k]):.3f} x curl), "
-          f"CPU median {st.median(c[k]):.4f} s ({st.median(c[k]) / cc:.2f} x curl's)")
+    print(f"{k}: {len(w[k])} rounds, wall median {st.median(w[k]):.4f} s ({ratio(cw, st.median(w[k]))} x curl), "
+          f"CPU median {st.median(c[k]):.4f} s ({ratio(st.median(c[k]), cc)} x curl's)")
 PY
