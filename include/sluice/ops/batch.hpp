@@ -77,13 +77,13 @@ struct batch_options {
     /// the batch buffer, the costly part, runs on several cores, each worker holding a
     /// batch of its own. A user's collate function (batch(opts, collate)) is then called
     /// on several threads at once, each worker calling its own copy of the function object.
-    /// 0 (the default): one worker; for batch() of records where the machine has two
-    /// hardware threads or more, a "group" stage feeds that worker, and a batch of 4 MiB or
-    /// more is copied by it and one more thread of the CPU pool when the pool has two or
-    /// more (the records split between them as they go, no batch buffer more in memory). Behind a
-    /// shuffle the copy is what sets the pace: two threads on it took a first epoch of
-    /// 100 KiB records from 0.62 to 0.78 x cat (bench/RESULTS.md, issue 17). 1: one
-    /// thread copies each batch.
+    /// 0 (the default): one worker; for batch() of records where the process may run
+    /// on two CPUs or more (its affinity mask, not the machine's count), a "group" stage
+    /// feeds that worker, and a batch of 4 MiB or more is copied by it and one more thread
+    /// of the CPU pool when the pool has two or more (the records split between them as
+    /// they go, no batch buffer more in memory). Behind a shuffle the copy is what sets the
+    /// pace: two threads on it took a first epoch of 100 KiB records from 0.62 to 0.78 x
+    /// cat (bench/RESULTS.md, issue 17). 1: one thread copies each batch.
     unsigned concurrency = 0;
     /// Items that do not say their epoch (a user's type without a `source` shard): refused
     /// at start when plan runs several epochs (epoch_policy::apart), or batched as one
@@ -618,7 +618,7 @@ stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = f
 /// Takes: records. Gives: host_batch, `size` records collated into one contiguous buffer
 /// with offsets, plus each record's source and index.
 /// Backpressure: holds one batch being filled plus `out` finished batches; with a "group"
-/// stage (the automatic setting where the machine has 2 hardware threads or more, or
+/// stage (the automatic setting where the process may run on 2 CPUs or more, or
 /// batch_options::concurrency above 1), also the group each worker collates and the full
 /// groups waiting for them (one when automatic, else up to `concurrency`; under a memory
 /// budget, automatic, the next group is filled only once the collator has taken the last):
