@@ -8,9 +8,11 @@
 #
 # BASE_URL serves bench/run.sh http's data (build-release/bench-data/http: w/obj-*.bin,
 # o/shard-*.tar, big.bin), e.g. nginx started as bench/run.sh http starts it. A NAME
-# ending in "@1" runs its probe with SLUICE_HTTP_THREADS=1.
+# ending in "@1" runs its probe with SLUICE_HTTP_THREADS=1. In big mode PROBE may be
+# bench/direct_recv (built beside sluice-probe in build-release/bench), which fetches
+# big.bin alone; with a NAME ending in "+copy" it runs with --copy.
 set -euo pipefail
-[ $# -ge 4 ] || { sed -n '2,11p' "$0" >&2; exit 2; }
+[ $# -ge 4 ] || { sed -n '2,13p' "$0" >&2; exit 2; }
 command -v perf >/dev/null || { echo "bench/http_rounds.sh: needs perf (Debian: linux-perf) for task-clock" >&2; exit 2; }
 base=$1 mode=$2 rounds=$3; shift 3
 case $mode in
@@ -33,7 +35,11 @@ for _ in $(seq "$rounds"); do
   one curl curl -s --parallel --parallel-max 64 -o /dev/null "$curlurl" >> "$out"
   for p in "$@"; do
     name=${p%%=*} probe=${p#*=}
-    if [[ $name == *@1 ]]; then SLUICE_HTTP_THREADS=1 one "$name" "$probe" "${args[@]}" >> "$out"
+    if [[ $(basename "$probe") == direct_recv ]]; then
+      [ "$mode" = big ] || { echo "direct_recv: big mode only" >&2; exit 2; }
+      if [[ $name == *+copy ]]; then one "$name" "$probe" "$base/big.bin" --copy >> "$out"
+      else one "$name" "$probe" "$base/big.bin" >> "$out"; fi
+    elif [[ $name == *@1 ]]; then SLUICE_HTTP_THREADS=1 one "$name" "$probe" "${args[@]}" >> "$out"
     else one "$name" "$probe" "${args[@]}" >> "$out"; fi
   done
 done
