@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
-#include <thread>
 
 int main(int argc, char** argv) {
     if (argc < 2) {
@@ -19,7 +18,7 @@ int main(int argc, char** argv) {
         return 2;
     }
     const unsigned epochs = argc > 2 ? unsigned(std::stoul(argv[2])) : 1;
-    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    const unsigned cores = sluice::usable_cpus();  // the CPUs this process may run on
     try {
         auto batches = sluice::list(argv[1])
                      | sluice::plan({.epochs = epochs, .seed = 17})

@@ -26,7 +26,6 @@
 #include <numeric>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace {
@@ -142,7 +141,7 @@ void save(const std::filesystem::path& dir, const std::shared_ptr<net>& model, c
 int main(int argc, char** argv) try {
     const args a = parse(argc, argv);
     const auto dir = std::filesystem::path(a.checkpoint);
-    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    const unsigned cores = sluice::usable_cpus();  // the CPUs this process may run on
     torch::manual_seed(17);
     // A GPU where libtorch has CUDA and sluice was built with it: batches are copied there
     // by the CUDA engine; else host memory (Debian's libtorch is CPU only).

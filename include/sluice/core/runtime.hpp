@@ -31,6 +31,12 @@
 
 namespace sluice {
 
+/// The CPUs this process may run on (its affinity mask: taskset, a container's cpuset),
+/// at least 1: what the CPU pool and the `sluice-curl` threads are sized from by default.
+/// Size a trainer's own thread counts (decoders, `.concurrency`) from it rather than from
+/// std::thread::hardware_concurrency, which counts every CPU of the machine.
+inline unsigned usable_cpus() noexcept { return detail::usable_cpus(); }
+
 struct runtime_options {
     /// Threads in the CPU pool; 0 means one per CPU the process may run on (its affinity
     /// mask: taskset, a container's cpuset).

@@ -80,12 +80,12 @@ TEST_CASE("default thread counts follow the CPUs the process may run on, not the
             }
         rc = ::sched_setaffinity(0, sizeof one, &one);
         if (rc != 0) return;
-        seen = sluice::detail::usable_cpus();
+        seen = sluice::usable_cpus();  // the public name of the count the runtime uses
         sluice::runtime rt;  // its threads inherit the mask; none of them outlives this one
         pool = rt.cpu_threads();
     }).join();
     REQUIRE(rc == 0);
     REQUIRE(seen == 1);
     REQUIRE(pool == 1);
-    REQUIRE(sluice::detail::usable_cpus() >= 1);  // this thread's mask is untouched
+    REQUIRE(sluice::usable_cpus() >= 1);  // this thread's mask is untouched
 }
