@@ -80,7 +80,8 @@ int main(int argc, char** argv) {
         else if (a == "--chunk" && i + 1 < argc) chunk = std::strtoull(argv[++i], nullptr, 10);
         else fail("unknown argument " + std::string(a));
     }
-    if (chunk < 4096) fail("--chunk: at least 4096");
+    constexpr std::size_t head_max = 16384;  // the body bytes that come with the head fit one chunk
+    if (chunk < head_max) fail("--chunk: at least 16384");
 
     const auto t0 = std::chrono::steady_clock::now();
     curl_global_init(CURL_GLOBAL_DEFAULT);
@@ -100,13 +101,13 @@ int main(int argc, char** argv) {
     for (std::size_t sent = 0; sent < request.size();) {
         std::size_t n = 0;
         const CURLcode rc = curl_easy_send(e, request.data() + sent, request.size() - sent, &n);
-        if (rc == CURLE_AGAIN) continue;
+        if (rc == CURLE_AGAIN) continue;  // a request of a few hundred bytes: the socket takes it at once
         if (rc != CURLE_OK) fail(std::string("send: ") + curl_easy_strerror(rc));
         sent += n;
     }
 
     // The head, and whatever of the body came with it.
-    std::string head(16384, '\0');
+    std::string head(head_max, '\0');
     std::size_t have = 0, body_at = std::string::npos;
     while (body_at == std::string::npos) {
         if (have == head.size()) fail("head larger than 16 KiB");
@@ -119,15 +120,18 @@ int main(int argc, char** argv) {
     const std::string_view h(head.data(), body_at);
     if (h.substr(0, 12) != "HTTP/1.1 200") fail("status: " + std::string(h.substr(0, h.find('\r'))));
     std::uint64_t length = 0;
+    bool has_length = false;
     for (std::size_t at = 0; (at = h.find("\r\n", at)) != std::string_view::npos && at + 2 < h.size(); at += 2) {
         const auto line = h.substr(at + 2, h.find("\r\n", at + 2) - at - 2);
-        if (line.size() > 15 && strncasecmp(line.data(), "content-length:", 15) == 0)
+        if (line.size() > 15 && strncasecmp(line.data(), "content-length:", 15) == 0) {
             length = std::strtoull(std::string(line.substr(15)).c_str(), nullptr, 10);
+            has_length = true;
+        }
     }
-    if (!length) fail("no Content-Length");
+    if (!has_length) fail("no Content-Length (a chunked reply is not handled here)");
 
     std::unique_ptr<std::byte[]> staging(copy ? new std::byte[512 * 1024] : nullptr);
-    std::uint64_t received = have - body_at;
+    std::uint64_t received = std::min<std::uint64_t>(have - body_at, length);
     std::vector<std::shared_ptr<sluice::buffer>> ring;
     for (std::size_t i = 0; i < rotate; ++i) {
         ring.push_back(std::make_shared<sluice::buffer>(chunk));
