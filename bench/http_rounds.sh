@@ -8,11 +8,20 @@
 #
 # BASE_URL serves bench/run.sh http's data (build-release/bench-data/http: w/obj-*.bin,
 # o/shard-*.tar, big.bin), e.g. nginx started as bench/run.sh http starts it. A NAME
-# ending in "@1" runs its probe with SLUICE_HTTP_THREADS=1. In big mode PROBE may be
-# bench/direct_recv (built beside sluice-probe in build-release/bench), which fetches
-# big.bin alone; with a NAME ending in "+copy" it runs with --copy.
+# ending in "@1" runs its probe with SLUICE_HTTP_THREADS=1, one ending in "@nodirect"
+# with SLUICE_HTTP_DIRECT=0 (bodies copied out of libcurl's buffer, not received into the
+# chunks). In big mode PROBE may be bench/direct_recv (built beside sluice-probe in
+# build-release/bench), which fetches big.bin alone; with a NAME ending in "+copy" it
+# runs with --copy.
+#
+# SERVER_PIDS="PID..." (the server's worker processes, e.g. nginx's workers: pgrep -P
+# MASTER) adds their CPU in each round, and client + server. On loopback the kernel's
+# work of sending is done partly in the receiver's time (its receive opens the window,
+# and the sender's queued segments go out in the receiver's softirq), so a client that
+# drains the socket in large reads is charged some of the server's sending: the sum is
+# the cost per GB that does not depend on who was charged.
 set -euo pipefail
-[ $# -ge 4 ] || { sed -n '2,13p' "$0" >&2; exit 2; }
+[ $# -ge 4 ] || { sed -n '2,22p' "$0" >&2; exit 2; }
 command -v perf >/dev/null || { echo "bench/http_rounds.sh: needs perf (Debian: linux-perf) for task-clock" >&2; exit 2; }
 base=$1 mode=$2 rounds=$3; shift 3
 case $mode in
@@ -24,13 +33,19 @@ case $mode in
   *) echo "mode: raw, tar or big" >&2; exit 2 ;;
 esac
 out=$(mktemp); trap 'rm -f "$out"' EXIT
-one() {  # NAME command...: "NAME wall_s cpu_s"
-  local name=$1 t0 t1 c; shift
-  t0=$EPOCHREALTIME
-  c=$(perf stat -x, -e task-clock "$@" 2>&1 >/dev/null | grep task-clock | cut -d, -f1)
-  t1=$EPOCHREALTIME
-  awk -v n="$name" -v a="$t0" -v b="$t1" -v c="$c" 'BEGIN { printf "%s %.4f %.4f\n", n, b - a, c / 1000 }'
+server_ns() {  # the CPU time of SERVER_PIDS so far, in ns (first field of schedstat)
+  local s=0 p
+  for p in ${SERVER_PIDS:-}; do s=$((s + $(cut -d' ' -f1 "/proc/$p/schedstat"))); done
+  echo "$s"
 }
+one() {  # NAME command...: "NAME wall_s cpu_s server_cpu_s"
+  local name=$1 t0 t1 c s0 s1; shift
+  s0=$(server_ns); t0=$EPOCHREALTIME
+  c=$(perf stat -x, -e task-clock "$@" 2>&1 >/dev/null | grep task-clock | cut -d, -f1)
+  t1=$EPOCHREALTIME; s1=$(server_ns)
+  awk -v n="$name" -v a="$t0" -v b="$t1" -v c="$c" -v s="$((s1 - s0))" 'BEGIN { printf "%s %.4f %.4f %.4f\n", n, b - a, c / 1000, s / 1e9 }'
+}
+for p in ${SERVER_PIDS:-}; do [ -r "/proc/$p/schedstat" ] || { echo "SERVER_PIDS: no process $p" >&2; exit 2; }; done
 for _ in $(seq "$rounds"); do
   one curl curl -s --parallel --parallel-max 64 -o /dev/null "$curlurl" >> "$out"
   for p in "$@"; do
@@ -40,17 +55,23 @@ for _ in $(seq "$rounds"); do
       if [[ $name == *+copy ]]; then one "$name" "$probe" "$base/big.bin" --copy >> "$out"
       else one "$name" "$probe" "$base/big.bin" >> "$out"; fi
     elif [[ $name == *@1 ]]; then SLUICE_HTTP_THREADS=1 one "$name" "$probe" "${args[@]}" >> "$out"
+    elif [[ $name == *@nodirect ]]; then SLUICE_HTTP_DIRECT=0 one "$name" "$probe" "${args[@]}" >> "$out"
     else one "$name" "$probe" "${args[@]}" >> "$out"; fi
   done
 done
-python3 - "$out" <<'PY'
+python3 - "$out" "${SERVER_PIDS:+server}" <<'PY'
 import collections, statistics as st, sys
-w, c = collections.defaultdict(list), collections.defaultdict(list)
+w, c, s, t = (collections.defaultdict(list) for _ in range(4))
 for line in open(sys.argv[1]):
-    k, a, b = line.split(); w[k].append(float(a)); c[k].append(float(b))
-cw, cc = st.median(w["curl"]), st.median(c["curl"])
+    k, a, b, d = line.split()
+    w[k].append(float(a)); c[k].append(float(b)); s[k].append(float(d)); t[k].append(float(b) + float(d))
+cw, cc, ct = st.median(w["curl"]), st.median(c["curl"]), st.median(t["curl"])
 ratio = lambda a, b: f"{a / b:.3f}" if b > 0 else "n/a"  # perf printed no task-clock: 0
 for k in w:
-    print(f"{k}: {len(w[k])} rounds, wall median {st.median(w[k]):.4f} s ({ratio(cw, st.median(w[k]))} x curl), "
-          f"CPU median {st.median(c[k]):.4f} s ({ratio(st.median(c[k]), cc)} x curl's)")
+    line = (f"{k}: {len(w[k])} rounds, wall median {st.median(w[k]):.4f} s ({ratio(cw, st.median(w[k]))} x curl), "
+            f"CPU median {st.median(c[k]):.4f} s ({ratio(st.median(c[k]), cc)} x curl's)")
+    if sys.argv[2]:
+        line += (f", server {st.median(s[k]):.4f} s, client + server {st.median(t[k]):.4f} s "
+                 f"({ratio(st.median(t[k]), ct)} x curl's)")
+    print(line)
 PY

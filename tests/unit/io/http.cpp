@@ -203,6 +203,173 @@ TEST_CASE("fetch: transfers are spread over the engine's lanes and each object a
     REQUIRE(requests > urls.size());  // the large object came in parts
 }
 
+TEST_CASE("fetch: large plain-HTTP bodies are received straight into the chunks, byte for byte", "[http][direct]") {
+    using engine = sluice::detail::curl_engine;
+    // SLUICE_HTTP_DIRECT is read when an engine starts: unset, bodies with 4 MiB or more
+    // to come are received by the lane itself; 0 turns that off; junk is the default.
+    {
+        sluice_test::scoped_env env{{{"SLUICE_HTTP_DIRECT", std::nullopt}}};
+        if (engine::direct_threshold() == 0) {
+            WARN("[test skipped] direct receive is only used with libcurl 7.88-7.x; this one is " << curl_version());
+            return;
+        }
+        REQUIRE(engine::direct_threshold() == (4u << 20));
+    }
+    for (const char* junk : {"-1", "4M", ""}) {
+        sluice_test::scoped_env env{{{"SLUICE_HTTP_DIRECT", std::string(junk)}}};
+        REQUIRE(engine::direct_threshold() == (4u << 20));
+    }
+
+    // Small objects first, so that the large ones after them go out on connections kept
+    // alive (the lane must find the socket of a reused connection, not only of a new one),
+    // then large ones whole and in ranged parts, and large ones again on new connections.
+    sluice_test::temp_dir www;
+    sluice::detail::rng r(sluice_test::test_seed());
+    sluice_test::nginx_server nginx(www.path().string());
+    std::map<std::string, std::string> want;
+    std::vector<std::string> urls;
+    for (int i = 0; i < 40; ++i) {
+        const std::size_t size = i % 4 == 3 ? (5u << 20) + r.below(3u << 20) : 1 + r.below(50000);
+        const std::string name = "d-" + std::to_string(i);
+        const std::string body = random_bytes(r, size);
+        www.write(name, body);
+        want[nginx.url(name)] = body;
+        urls.push_back(nginx.url(name));
+    }
+    const std::string big = random_bytes(r, (40u << 20) + 4321);
+    www.write("big.bin", big);
+    want[nginx.url("big.bin")] = big;
+    urls.push_back(nginx.url("big.bin"));
+
+    for (const bool on : {true, false}) {
+        INFO((on ? "direct receive on" : "SLUICE_HTTP_DIRECT=0"));
+        auto eng = [&] {
+            sluice_test::scoped_env env{{{"SLUICE_HTTP_DIRECT", on ? std::nullopt : std::optional<std::string>("0")}}};
+            return engine::shared();
+        }();
+        const auto before = eng->direct();
+        std::map<std::string, std::string> got;
+        std::size_t repeats = 0;
+        sluice::pipeline p(sluice::list(urls) | sluice::plan() |
+                           sluice::fetch({.concurrency = 4, .chunk_size = 256 << 10}) | sluice::raw());
+        for (auto& rec : p) repeats += !got.emplace(rec.source->url, std::string(rec.data.view())).second;
+        REQUIRE(repeats == 0);
+        REQUIRE(got == want);
+        const auto f = p.figures();
+        REQUIRE(counter(f, "fetch", "retries") == 0);
+        // 10 objects of 5-8 MiB, and big.bin's parts of 8, 16 and 16+ MiB: each has 4 MiB
+        // or more to come after its first piece.
+        if (on) REQUIRE(eng->direct() - before >= 13);
+        else REQUIRE(eng->direct() == before);
+    }
+}
+
+TEST_CASE("fetch: directly received bodies under resets, stalls and truncations arrive whole, once", "[http][direct][faults]") {
+    using engine = sluice::detail::curl_engine;
+    auto eng = [] {
+        sluice_test::scoped_env env{{{"SLUICE_HTTP_DIRECT", std::string("262144")}}};
+        return engine::shared();
+    }();
+    if (sluice::detail::curl_engine::direct_threshold() == 0) {
+        WARN("[test skipped] direct receive is only used with libcurl 7.88-7.x; this one is " << curl_version());
+        return;
+    }
+    const auto before = eng->direct();
+    // Each fault cuts a body at its half, after the lane took it over (256 KiB to come).
+    sluice_test::temp_dir www;
+    sluice::detail::rng r(sluice_test::test_seed());
+    std::map<std::string, std::string> want;
+    for (int i = 0; i < 30; ++i) {
+        char name[32];
+        std::snprintf(name, sizeof name, "f/%02d.bin", i);
+        const std::string body = random_bytes(r, (1u << 20) + r.below(2u << 20));
+        www.write(name, body);
+        want[name] = body;
+    }
+    sluice_test::fault_server faults(www.path().string(), {"--preset", "0.1", "--pstall", "0.1", "--stall-s", "3",
+                                                           "--ptrunc", "0.1", "--seed",
+                                                           std::to_string(sluice_test::test_seed())});
+    std::map<std::string, std::string> got;
+    std::size_t repeats = 0;
+    sluice::pipeline p(sluice::list(faults.url("f/{00..29}.bin")) | sluice::plan() |
+                       sluice::fetch({.concurrency = 8,
+                                      .min_concurrency = 8,
+                                      .chunk_size = 128 << 10,
+                                      .retries = 20,
+                                      .backoff_base = std::chrono::milliseconds(2),
+                                      .backoff_cap = std::chrono::milliseconds(50),
+                                      .stall = std::chrono::seconds(1)}) |
+                       sluice::raw());
+    for (auto& rec : p) {
+        const auto url = rec.source->url;
+        repeats += !got.emplace(url.substr(url.find("/f/") + 1), std::string(rec.data.view())).second;
+    }
+    REQUIRE(repeats == 0);
+    REQUIRE(got == want);
+    const auto f = p.figures();
+    INFO(f.table());
+    REQUIRE(counter(f, "fetch", "resumes") >= 3);  // cut bodies go on from their last byte
+    REQUIRE(eng->direct() - before >= 30);
+}
+
+TEST_CASE("fetch: a directly received body that stalls, is cut or reset fails as libcurl's would, naming the URL", "[http][direct][errors]") {
+    using engine = sluice::detail::curl_engine;
+    auto eng = [] {
+        sluice_test::scoped_env env{{{"SLUICE_HTTP_DIRECT", std::string("262144")}}};
+        return engine::shared();
+    }();
+    if (engine::direct_threshold() == 0) {
+        WARN("[test skipped] direct receive is only used with libcurl 7.88-7.x; this one is " << curl_version());
+        return;
+    }
+    sluice_test::temp_dir www;
+    sluice::detail::rng r(sluice_test::test_seed());
+    const std::string body = random_bytes(r, 4u << 20);
+    www.write("s.bin", body);
+    struct fault {
+        std::vector<std::string> args;
+        std::string why;  // libcurl's text for the same failure
+    };
+    for (const auto& [args, why] :
+         {// (the second attempt asks for the last 2 MiB and gets half of them)
+         fault{{"--ptrunc", "1"}, "Transferred a partial file (transfer closed with 1048576 bytes remaining to read)"},
+          fault{{"--preset", "1"}, "Failure when receiving data from the peer (Recv failure: Connection reset by peer)"},
+          // The server stalls for 60 s: libcurl's low-speed check does not time a paused
+          // transfer, so this is the lane's own stall limit (1 s) at work.
+          fault{{"--pstall", "1", "--stall-s", "60"},
+                "Timeout was reached (Operation too slow. Less than 1 bytes/sec transferred the last 1 seconds)"}}) {
+        INFO(args.front());
+        const auto before = eng->direct();
+        sluice_test::fault_server faults(www.path().string(), args);
+        sluice::pipeline p(sluice::list(faults.url("s.bin")) | sluice::plan() |
+                           sluice::fetch({.chunk_size = 256 << 10,
+                                          .retries = 1,
+                                          .backoff_base = std::chrono::milliseconds(1),
+                                          .backoff_cap = std::chrono::milliseconds(5),
+                                          .stall = std::chrono::seconds(1)}));
+        const auto t0 = std::chrono::steady_clock::now();
+        std::string error, got;
+        try {
+            while (auto c = p.next_blocking()) got += c->data.view();
+        } catch (const sluice::source_error& e) {
+            error = e.what();
+        }
+        const auto took = std::chrono::steady_clock::now() - t0;
+        INFO(error);
+        const std::string expected = "sluice: cannot fetch (" + why + " after 2 attempts) '" + faults.url("s.bin") + "'";
+        INFO("expected: " << expected);
+        REQUIRE(error.starts_with(expected));
+        // What came before the error came once and in order: the body's first bytes.
+        REQUIRE(got.size() < body.size());
+        REQUIRE(got == body.substr(0, got.size()));
+        // Both attempts were received directly; a reset may reach the socket before any of
+        // the body (the kernel drops what was queued), so libcurl saw none of that one's.
+        if (args.front() == "--preset") REQUIRE(eng->direct() - before >= 1);
+        else REQUIRE(eng->direct() - before == 2);
+        REQUIRE(took < std::chrono::seconds(30));  // a generous bound: the stall is cut at about 1 s
+    }
+}
+
 TEST_CASE("fetch: libcurl's receive buffers are kept for the next transfer, not faulted in afresh", "[http]") {
     using keeper = sluice::detail::curl_buffer_keeper;
     // A keeper of its own: a block of the receive buffer's size comes back for the next

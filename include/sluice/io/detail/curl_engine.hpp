@@ -26,6 +26,24 @@
 // undelivered it pauses the transfer (CURL_WRITEFUNC_PAUSE) instead of buffering more,
 // and the coroutine unpauses it after handing a chunk downstream. So a slow consumer
 // holds a download at about two chunks, whatever the object's size.
+//
+// Receiving a large body directly. libcurl hands a body to the write callback in pieces of
+// 16 KiB out of its own receive buffer, and on_write copies each into the chunk: for one
+// large object that copy, and the per-piece work around it, made the fetch spend 1.75-2 x
+// curl's CPU per GB (bench/RESULTS.md, issue 17), while a recv straight into the chunks
+// costs what curl costs. So when a response is plain HTTP/1.1 with a Content-Length, sent
+// as is (no Transfer-Encoding), and at least SLUICE_HTTP_DIRECT bytes (4 MiB) of it are
+// still to come, the lane takes it over once libcurl holds none of its bytes: it pauses
+// the transfer in libcurl (which then neither reads the socket nor times it), finds the
+// connection's socket among those libcurl opened on this lane (by both ends' addresses),
+// and recv()s the rest of the body into the chunks itself, with the same mailbox, pause
+// on a slow reader, stall limit and error codes and messages as libcurl's. When the body
+// is in (or cut short) the transfer is removed from libcurl, which closes that connection
+// since it never saw the body's end: a large body costs one new connection, nothing next
+// to its megabytes. libcurl still does everything else: connecting, proxies, redirects,
+// SigV4, status and headers, error bodies, HTTPS (whose bytes on the socket are not the
+// body, so it is never received directly) and HTTP/2. Only with libcurl 7.88-7.x, the one
+// this was checked against; SLUICE_HTTP_DIRECT=0 turns it off.
 
 #include <sluice/core/bytes.hpp>
 #include <sluice/core/detail/cpus.hpp>
@@ -34,18 +52,26 @@
 #include <sluice/io/detail/s3_sign.hpp>
 
 #include <curl/curl.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cassert>
 #include <cctype>
+#include <cerrno>
+#include <chrono>
 #include <coroutine>
 #include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string_view>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -110,6 +136,16 @@ struct http_transfer {
     std::uint64_t discard = 0;  // bytes of a 200 answer to a Range request to drop
     bool ranged_ignored = false;  // a 200 to a Range request: the whole object follows
     bool status_known = false;
+    bool chunked = false;  // the response has a Transfer-Encoding (its body is not bytes as sent)
+    // Direct receive (see "Receiving a large body directly" below).
+    std::uint64_t direct_min = 0;  // receive directly when at least this much is left (0: never)
+    bool direct_wanted = false;    // on_write found the response fit; the lane takes it over
+    bool direct = false;           // the lane receives its body from `fd` itself
+    bool in_unpause = false;       // in curl_easy_pause(CONT), which may call on_write
+    int fd = -1;
+    std::uint64_t left = 0;        // body bytes still to come, when direct
+    curl_off_t curl_seen = 0;      // the body bytes libcurl had counted when the lane took it over
+    std::chrono::steady_clock::time_point last_byte;  // for the stall limit, when direct
 
     // Wakes the coroutine, if it waits. Call with m held; returns what to resume.
     std::coroutine_handle<> take_waiter() {
@@ -144,6 +180,26 @@ public:
         std::vector<std::uint64_t> n;
         for (auto& l : lanes_) n.push_back(l->started.load(std::memory_order_relaxed));
         return n;
+    }
+    /// Transfers whose body a lane received directly, over all lanes (for tests and diagnostics).
+    std::uint64_t direct() const {
+        std::uint64_t n = 0;
+        for (auto& l : lanes_) n += l->direct_count.load(std::memory_order_relaxed);
+        return n;
+    }
+    /// The least body left, in bytes, that a lane receives directly: SLUICE_HTTP_DIRECT when
+    /// it is a number (0: never), else 4 MiB; always 0 with a libcurl other than 7.x from
+    /// 7.88 (the one this was verified with: it buffers nothing of a plain-HTTP/1.1 body
+    /// beyond what it hands the write callback). Read each time an engine starts.
+    static std::uint64_t direct_threshold() {
+        const auto* info = curl_version_info(CURLVERSION_NOW);
+        if (!info || info->version_num < 0x075800 || info->version_num >= 0x080000) return 0;
+        if (const char* v = std::getenv("SLUICE_HTTP_DIRECT")) {
+            char* end = nullptr;
+            const unsigned long long n = std::strtoull(v, &end, 10);
+            if (end != v && *end == 0 && v[0] != '-') return n;
+        }
+        return 4u << 20;
     }
     /// The lanes an engine starts with: SLUICE_HTTP_THREADS when it is 1-16, else the
     /// CPUs the process may run on (detail::usable_cpus), at most 4.
@@ -202,6 +258,9 @@ public:
 
 private:
     enum class kind { add, resume, cancel };
+    // The sockets of a lane's connections, recorded as libcurl opens and closes them, so
+    // that the lane can find the one a transfer uses (socket_of).
+    using socket_list = std::vector<curl_socket_t>;
     struct cmd {
         kind k;
         std::shared_ptr<http_transfer> t;
@@ -242,6 +301,7 @@ private:
 
         std::atomic<std::size_t> load{0};  // transfers added and not yet finished (for add's choice)
         std::atomic<std::uint64_t> started{0};
+        std::atomic<std::uint64_t> direct_count{0};  // transfers whose body this lane received directly
 
     private:
         void loop() {
@@ -267,9 +327,169 @@ private:
                     curl_multi_remove_handle(multi_, t->easy);
                     done(*t, result);
                 }
+                take_over();
+                receive_direct();
                 post_wakes();
-                curl_multi_poll(multi_, nullptr, 0, 1000, nullptr);
+                waits_.clear();
+                for (auto& d : direct_) {
+                    std::lock_guard lock(d->m);
+                    if (!d->paused) waits_.push_back(curl_waitfd{d->fd, CURL_WAIT_POLLIN, 0});
+                }
+                curl_multi_poll(multi_, waits_.data(), static_cast<unsigned>(waits_.size()), 1000, nullptr);
             }
+        }
+
+        // The transfers on_write found fit for direct receive and paused in libcurl: the
+        // lane reads their sockets from here on (a paused transfer is also left out of
+        // libcurl's low-speed check), and removes each from libcurl, which closes its
+        // connection, once its body is in.
+        void take_over() {
+            auto& wanted = direct_wanted();
+            for (CURL* e : wanted) {
+                auto it = live_.find(e);
+                if (it == live_.end()) continue;  // it ended in the same round
+                http_transfer& t = *it->second;
+                if (!t.direct_wanted || t.direct) continue;
+                curl_off_t length = -1;
+                curl_easy_getinfo(e, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length);
+                const int fd = socket_of(e);
+                if (fd < 0 || length <= 0 || static_cast<std::uint64_t>(length) <= t.received) {
+                    t.direct_wanted = false;  // libcurl goes on receiving it
+                    curl_easy_pause(e, CURLPAUSE_CONT);  // it holds none of the body: on_write took all
+                    continue;
+                }
+                curl_off_t seen = -1;
+                curl_easy_getinfo(e, CURLINFO_SIZE_DOWNLOAD_T, &seen);
+                t.curl_seen = seen;
+                t.direct = true;
+                t.fd = fd;
+                t.left = static_cast<std::uint64_t>(length) - t.received;
+                t.last_byte = std::chrono::steady_clock::now();
+                direct_.push_back(it->second);
+                direct_count.fetch_add(1, std::memory_order_relaxed);
+            }
+            wanted.clear();
+        }
+
+        // The socket of e's connection: the one recorded socket whose two ends are the
+        // addresses libcurl reports for the transfer; -1 when none is, or more than one.
+        int socket_of(CURL* e) const {
+            long local_port = -1, peer_port = -1;
+            char* local_ip = nullptr;
+            char* peer_ip = nullptr;
+            curl_easy_getinfo(e, CURLINFO_LOCAL_PORT, &local_port);
+            curl_easy_getinfo(e, CURLINFO_PRIMARY_PORT, &peer_port);
+            curl_easy_getinfo(e, CURLINFO_LOCAL_IP, &local_ip);
+            curl_easy_getinfo(e, CURLINFO_PRIMARY_IP, &peer_ip);
+            if (local_port <= 0 || peer_port <= 0 || !local_ip || !peer_ip) return -1;
+            auto is = [](const sockaddr_storage& a, const char* ip, long port) {
+                char text[INET6_ADDRSTRLEN] = {};
+                long p = -1;
+                if (a.ss_family == AF_INET) {
+                    const auto& v4 = reinterpret_cast<const sockaddr_in&>(a);
+                    ::inet_ntop(AF_INET, &v4.sin_addr, text, sizeof text);
+                    p = ntohs(v4.sin_port);
+                } else if (a.ss_family == AF_INET6) {
+                    const auto& v6 = reinterpret_cast<const sockaddr_in6&>(a);
+                    ::inet_ntop(AF_INET6, &v6.sin6_addr, text, sizeof text);
+                    p = ntohs(v6.sin6_port);
+                }
+                return p == port && std::strcmp(text, ip) == 0;
+            };
+            int found = -1;
+            for (const int fd : sockets_) {
+                sockaddr_storage local{}, peer{};
+                socklen_t nl = sizeof local, np = sizeof peer;
+                if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &nl) != 0 ||
+                    ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &np) != 0)
+                    continue;
+                if (!is(local, local_ip, local_port) || !is(peer, peer_ip, peer_port)) continue;
+                if (found >= 0) return -1;
+                found = fd;
+            }
+            return found;
+        }
+
+        // Receives what the sockets of direct transfers hold, straight into their chunks.
+        void receive_direct() {
+            if (direct_.empty()) return;
+            const auto now = std::chrono::steady_clock::now();
+            std::size_t kept = 0;
+            for (auto& d : direct_)
+                if (d->easy && !pull(*d, now)) direct_[kept++] = std::move(d);
+            direct_.resize(kept);
+        }
+
+        // One direct transfer's bytes, until the socket has no more for now, its reader is
+        // two chunks behind (it waits for a resume, as on_write's pause does) or it ends;
+        // true when it ended.
+        bool pull(http_transfer& t, std::chrono::steady_clock::time_point now) {
+            // libcurl must not have read any of the body since it was paused: those bytes
+            // would be missing here, and the next ones out of place. Checked before each
+            // recv (after each round of libcurl's), so only bytes before such a read were
+            // delivered: the transfer ends there, to be resumed from them.
+            curl_off_t seen = -1;
+            curl_easy_getinfo(t.easy, CURLINFO_SIZE_DOWNLOAD_T, &seen);
+            if (seen != t.curl_seen) {
+                std::snprintf(t.errbuf, sizeof t.errbuf,
+                              "libcurl read %lld bytes of a body received directly (SLUICE_HTTP_DIRECT=0 turns "
+                              "direct receive off)",
+                              static_cast<long long>(seen - t.curl_seen));
+                return end_direct(t, CURLE_RECV_ERROR);
+            }
+            for (;;) {
+                {
+                    std::lock_guard lock(t.m);
+                    if (t.ready.size() >= 2 && !t.detached) t.paused = true;
+                    if (t.paused) {
+                        t.last_byte = now;  // a transfer held by its reader is not stalled
+                        return false;
+                    }
+                }
+                if (!t.buf) {
+                    t.want = static_cast<std::size_t>(std::min<std::uint64_t>(t.req.chunk_size, t.left));
+                    t.buf = t.req.mem ? t.req.mem->allocate(t.want) : std::make_shared<buffer>(t.want);
+                    t.fill = 0;
+                }
+                const ssize_t n = ::recv(t.fd, t.buf->data() + t.fill, t.want - t.fill, 0);  // non-blocking
+                if (n > 0) {
+                    const auto k = static_cast<std::size_t>(n);
+                    t.fill += k;
+                    t.received += k;
+                    t.left -= k;
+                    t.last_byte = now;
+                    if (t.fill == t.want) {
+                        deliver(t, bytes(std::move(t.buf), t.fill));
+                        t.buf.reset();
+                        t.fill = 0;
+                    }
+                    if (!t.left) return end_direct(t, CURLE_OK);
+                    continue;
+                }
+                if (n == 0) {  // libcurl's words for the same
+                    std::snprintf(t.errbuf, sizeof t.errbuf, "transfer closed with %llu bytes remaining to read",
+                                  static_cast<unsigned long long>(t.left));
+                    return end_direct(t, CURLE_PARTIAL_FILE);
+                }
+                if (errno == EINTR) continue;
+                if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+                std::snprintf(t.errbuf, sizeof t.errbuf, "Recv failure: %s", std::strerror(errno));
+                return end_direct(t, CURLE_RECV_ERROR);
+            }
+            if (now - t.last_byte >= std::chrono::seconds(t.req.stall_seconds)) {
+                std::snprintf(t.errbuf, sizeof t.errbuf,
+                              "Operation too slow. Less than 1 bytes/sec transferred the last %ld seconds",
+                              t.req.stall_seconds);
+                return end_direct(t, CURLE_OPERATION_TIMEDOUT);
+            }
+            return false;
+        }
+
+        bool end_direct(http_transfer& t, CURLcode result) {
+            live_.erase(t.easy);
+            curl_multi_remove_handle(multi_, t.easy);  // closes the connection: libcurl did not see its end
+            done(t, result);
+            return true;
         }
 
         void done(http_transfer& t, CURLcode result) {
@@ -281,7 +501,8 @@ private:
             http_transfer& t = *c.t;
             switch (c.k) {
             case kind::add:
-                if (!setup(t)) {
+                t.direct_min = direct_min_;
+                if (!setup(t, sockets_)) {
                     load.fetch_sub(1, std::memory_order_relaxed);  // setup finished it
                     return;
                 }
@@ -298,7 +519,12 @@ private:
                     unpause = t.paused && !t.done;
                     if (unpause) t.paused = false;
                 }
-                if (unpause && t.easy) curl_easy_pause(t.easy, CURLPAUSE_CONT);  // may write at once
+                // A direct transfer's socket is read again in the next round.
+                if (unpause && t.easy && !t.direct) {
+                    t.in_unpause = true;
+                    curl_easy_pause(t.easy, CURLPAUSE_CONT);  // may write at once
+                    t.in_unpause = false;
+                }
                 break;
             }
             case kind::cancel:
@@ -313,6 +539,10 @@ private:
         }
 
         CURLM* multi_ = nullptr;
+        const std::uint64_t direct_min_ = direct_threshold();
+        socket_list sockets_;  // before multi_'s cleanup in ~lane closes them
+        std::vector<std::shared_ptr<http_transfer>> direct_;  // received by this thread, in order taken
+        std::vector<curl_waitfd> waits_;
         std::thread thread_;
         std::atomic<bool> stop_{false};
         std::mutex m_;
@@ -330,7 +560,19 @@ private:
         return *lanes_[t.lane < lanes_.size() ? t.lane : 0];
     }
 
-    static bool setup(http_transfer& t) {
+    static curl_socket_t open_socket(void* list, curlsocktype, curl_sockaddr* a) {
+        const int fd = ::socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
+        if (fd < 0) return CURL_SOCKET_BAD;
+        static_cast<socket_list*>(list)->push_back(fd);
+        return fd;
+    }
+    static int close_socket(void* list, curl_socket_t fd) {
+        auto& l = *static_cast<socket_list*>(list);
+        l.erase(std::remove(l.begin(), l.end(), fd), l.end());
+        return ::close(fd);
+    }
+
+    static bool setup(http_transfer& t, socket_list& sockets) {
         t.easy = curl_easy();
         if (!t.easy) {
             finish(t, CURLE_OUT_OF_MEMORY);
@@ -343,6 +585,10 @@ private:
         curl_easy_setopt(e, CURLOPT_WRITEDATA, &t);
         curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, &on_header);
         curl_easy_setopt(e, CURLOPT_HEADERDATA, &t);
+        curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, &open_socket);
+        curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, &sockets);
+        curl_easy_setopt(e, CURLOPT_CLOSESOCKETFUNCTION, &close_socket);
+        curl_easy_setopt(e, CURLOPT_CLOSESOCKETDATA, &sockets);
         curl_easy_setopt(e, CURLOPT_ERRORBUFFER, t.errbuf);
         curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
         curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
@@ -470,6 +716,9 @@ private:
             t.total = http_request::npos;
             t.range_start = http_request::npos;
             t.status_known = false;
+            t.chunked = false;
+        } else if (header_is(line, "transfer-encoding:")) {
+            t.chunked = true;
         } else if (header_is(line, "content-range:")) {
             // bytes a-b/total, bytes a-b/* (total unknown), or bytes */total
             auto number = [&](std::size_t i, std::uint64_t& n) {
@@ -506,10 +755,15 @@ private:
             if (t.error_body.size() < 16384) t.error_body.append(p, std::min(len, 16384 - t.error_body.size()));
             return len;
         }
+        // At a response's first body bytes (not inside an unpause, see consider_direct).
+        if (t.direct_min && !t.direct_wanted && !t.in_unpause) consider_direct(t);
         {
             std::lock_guard lock(t.m);
             if (t.detached) return 0;  // more than the response said it has: ends it (CURLE_WRITE_ERROR)
-            if (t.ready.size() >= 2) {  // the consumer is behind: hold the transfer
+            // The consumer is behind: hold the transfer. Not once it is to be received
+            // directly: libcurl would keep these bytes, the lane could not have them, and
+            // what it still hands over here is at most the rest of one receive buffer.
+            if (t.ready.size() >= 2 && !t.direct_wanted) {
                 t.paused = true;
                 return CURL_WRITEFUNC_PAUSE;
             }
@@ -549,6 +803,38 @@ private:
             }
         }
         return total;
+    }
+
+    // Whether the rest of this response's body can be received directly (see "Receiving a
+    // large body directly" above): a plain-HTTP/1.1 body of known length, sent as is, with
+    // at least direct_min bytes to come. Asked once per response, at its first body bytes.
+    // If so, the transfer is paused in libcurl here, in its write callback, in both
+    // directions: libcurl's read loop stops after the buffer it is handing over (whose
+    // pieces on_write still takes), and 7.88 forces one more read of the socket after a
+    // pause of one direction only, or after an unpause, which is why this is never asked
+    // inside curl_easy_pause(CONT) (in_unpause). The lane takes the socket over after this
+    // round of curl_multi_perform (take_over).
+    static void consider_direct(http_transfer& t) {
+        curl_off_t length = -1;
+        long version = 0;
+        const char* scheme = nullptr;
+        curl_easy_getinfo(t.easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length);
+        curl_easy_getinfo(t.easy, CURLINFO_HTTP_VERSION, &version);
+        curl_easy_getinfo(t.easy, CURLINFO_SCHEME, &scheme);
+        const bool fits = !t.chunked && !t.discard && (t.status == 206 || (t.status == 200 && !t.ranged_ignored)) &&
+                          version == CURL_HTTP_VERSION_1_1 && scheme && ::strcasecmp(scheme, "http") == 0 &&
+                          length > 0 && static_cast<std::uint64_t>(length) >= t.received + t.direct_min;
+        if (!fits) {
+            t.direct_min = 0;  // not this response
+            return;
+        }
+        curl_easy_pause(t.easy, CURLPAUSE_ALL);
+        t.direct_wanted = true;
+        direct_wanted().push_back(t.easy);
+    }
+    static std::vector<CURL*>& direct_wanted() {  // this lane's, since the last take_over
+        thread_local std::vector<CURL*> w;
+        return w;
     }
 
     std::vector<std::unique_ptr<lane>> lanes_;  // destroyed (each joined) with the engine
