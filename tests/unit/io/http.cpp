@@ -205,6 +205,7 @@ TEST_CASE("fetch: transfers are spread over the engine's lanes and each object a
 
 TEST_CASE("fetch: large plain-HTTP bodies are received straight into the chunks, byte for byte", "[http][direct]") {
     using engine = sluice::detail::curl_engine;
+    sluice_test::scoped_env no_proxy{{{"http_proxy", std::nullopt}, {"all_proxy", std::nullopt}, {"ALL_PROXY", std::nullopt}}};
     // SLUICE_HTTP_DIRECT is read when an engine starts: unset, bodies with 4 MiB or more
     // to come are received by the lane itself; 0 turns that off; junk is the default.
     {
@@ -218,6 +219,13 @@ TEST_CASE("fetch: large plain-HTTP bodies are received straight into the chunks,
     for (const char* junk : {"-1", "4M", ""}) {
         sluice_test::scoped_env env{{{"SLUICE_HTTP_DIRECT", std::string(junk)}}};
         REQUIRE(engine::direct_threshold() == (4u << 20));
+    }
+    // A proxy in the environment turns it off: through an https:// one the socket carries
+    // TLS, not the body, and libcurl 7.88 cannot say whether a transfer used one.
+    for (const char* proxy : {"http_proxy", "all_proxy", "ALL_PROXY"}) {
+        INFO(proxy);
+        sluice_test::scoped_env env{{{proxy, std::string("https://proxy.invalid:3128")}}};
+        REQUIRE(engine::direct_threshold() == 0);
     }
 
     // Small objects first, so that the large ones after them go out on connections kept
@@ -262,10 +270,27 @@ TEST_CASE("fetch: large plain-HTTP bodies are received straight into the chunks,
         if (on) REQUIRE(eng->direct() - before >= 13);
         else REQUIRE(eng->direct() == before);
     }
+
+    // .stall = 0 is no stall limit, for the lane's own check as for libcurl's.
+    {
+        auto eng = [] {
+            sluice_test::scoped_env env{{{"SLUICE_HTTP_DIRECT", std::nullopt}}};
+            return engine::shared();
+        }();
+        const auto before = eng->direct();
+        sluice::pipeline p(sluice::list(nginx.url("big.bin")) | sluice::plan() |
+                           sluice::fetch({.chunk_size = 1 << 20, .stall = std::chrono::seconds(0)}));
+        std::string got;
+        while (auto c = p.next_blocking()) got += c->data.view();
+        REQUIRE(got == big);
+        REQUIRE(counter(p.figures(), "fetch", "retries") == 0);
+        REQUIRE(eng->direct() - before >= 3);
+    }
 }
 
 TEST_CASE("fetch: directly received bodies under resets, stalls and truncations arrive whole, once", "[http][direct][faults]") {
     using engine = sluice::detail::curl_engine;
+    sluice_test::scoped_env no_proxy{{{"http_proxy", std::nullopt}, {"all_proxy", std::nullopt}, {"ALL_PROXY", std::nullopt}}};
     auto eng = [] {
         sluice_test::scoped_env env{{{"SLUICE_HTTP_DIRECT", std::string("262144")}}};
         return engine::shared();
@@ -314,6 +339,7 @@ TEST_CASE("fetch: directly received bodies under resets, stalls and truncations 
 
 TEST_CASE("fetch: a directly received body that stalls, is cut or reset fails as libcurl's would, naming the URL", "[http][direct][errors]") {
     using engine = sluice::detail::curl_engine;
+    sluice_test::scoped_env no_proxy{{{"http_proxy", std::nullopt}, {"all_proxy", std::nullopt}, {"ALL_PROXY", std::nullopt}}};
     auto eng = [] {
         sluice_test::scoped_env env{{{"SLUICE_HTTP_DIRECT", std::string("262144")}}};
         return engine::shared();

@@ -188,12 +188,17 @@ public:
         return n;
     }
     /// The least body left, in bytes, that a lane receives directly: SLUICE_HTTP_DIRECT when
-    /// it is a number (0: never), else 4 MiB; always 0 with a libcurl other than 7.x from
+    /// it is a number (0: never), else 4 MiB. Always 0 with a libcurl other than 7.x from
     /// 7.88 (the one this was verified with: it buffers nothing of a plain-HTTP/1.1 body
-    /// beyond what it hands the write callback). Read each time an engine starts.
+    /// beyond what it hands the write callback), and when the environment names a proxy
+    /// for libcurl (http_proxy, all_proxy; no_proxy not weighed): through an https://
+    /// proxy the socket carries TLS, not the body, and 7.88 cannot say whether a
+    /// transfer went through one. Read each time an engine starts.
     static std::uint64_t direct_threshold() {
         const auto* info = curl_version_info(CURLVERSION_NOW);
         if (!info || info->version_num < 0x075800 || info->version_num >= 0x080000) return 0;
+        for (const char* proxy : {"http_proxy", "all_proxy", "ALL_PROXY"})
+            if (const char* v = std::getenv(proxy); v && *v) return 0;
         if (const char* v = std::getenv("SLUICE_HTTP_DIRECT")) {
             char* end = nullptr;
             const unsigned long long n = std::strtoull(v, &end, 10);
@@ -354,7 +359,8 @@ private:
                 curl_easy_getinfo(e, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length);
                 const int fd = socket_of(e);
                 if (fd < 0 || length <= 0 || static_cast<std::uint64_t>(length) <= t.received) {
-                    t.direct_wanted = false;  // libcurl goes on receiving it
+                    t.direct_wanted = false;  // libcurl goes on receiving it, not asked again
+                    t.direct_min = 0;
                     curl_easy_pause(e, CURLPAUSE_CONT);  // it holds none of the body: on_write took all
                     continue;
                 }
@@ -421,13 +427,15 @@ private:
         }
 
         // One direct transfer's bytes, until the socket has no more for now, its reader is
-        // two chunks behind (it waits for a resume, as on_write's pause does) or it ends;
-        // true when it ended.
+        // two chunks behind (it waits for a resume, as on_write's pause does), two chunks
+        // were filled this round (a reader that detached holds nothing back: the lane's
+        // other work and wake-ups must not wait for its whole body) or it ends; true when
+        // it ended.
         bool pull(http_transfer& t, std::chrono::steady_clock::time_point now) {
             // libcurl must not have read any of the body since it was paused: those bytes
-            // would be missing here, and the next ones out of place. Checked before each
-            // recv (after each round of libcurl's), so only bytes before such a read were
-            // delivered: the transfer ends there, to be resumed from them.
+            // would be missing here, and the next ones out of place. Checked at each round's
+            // first recv (libcurl runs only between rounds), so only bytes before such a
+            // read were delivered: the transfer ends there, to be resumed from them.
             curl_off_t seen = -1;
             curl_easy_getinfo(t.easy, CURLINFO_SIZE_DOWNLOAD_T, &seen);
             if (seen != t.curl_seen) {
@@ -437,6 +445,7 @@ private:
                               static_cast<long long>(seen - t.curl_seen));
                 return end_direct(t, CURLE_RECV_ERROR);
             }
+            int filled = 0;
             for (;;) {
                 {
                     std::lock_guard lock(t.m);
@@ -458,12 +467,14 @@ private:
                     t.received += k;
                     t.left -= k;
                     t.last_byte = now;
-                    if (t.fill == t.want) {
+                    const bool full = t.fill == t.want;
+                    if (full) {
                         deliver(t, bytes(std::move(t.buf), t.fill));
                         t.buf.reset();
                         t.fill = 0;
                     }
                     if (!t.left) return end_direct(t, CURLE_OK);
+                    if (full && ++filled == 2) return false;  // the socket is polled again at once
                     continue;
                 }
                 if (n == 0) {  // libcurl's words for the same
@@ -476,7 +487,8 @@ private:
                 std::snprintf(t.errbuf, sizeof t.errbuf, "Recv failure: %s", std::strerror(errno));
                 return end_direct(t, CURLE_RECV_ERROR);
             }
-            if (now - t.last_byte >= std::chrono::seconds(t.req.stall_seconds)) {
+            // stall_seconds 0: no limit (libcurl's low-speed check is off at 0 too).
+            if (t.req.stall_seconds > 0 && now - t.last_byte >= std::chrono::seconds(t.req.stall_seconds)) {
                 std::snprintf(t.errbuf, sizeof t.errbuf,
                               "Operation too slow. Less than 1 bytes/sec transferred the last %ld seconds",
                               t.req.stall_seconds);
