@@ -388,10 +388,10 @@ TEST_CASE("fetch: a directly received body that stalls, is cut or reset fails as
         // What came before the error came once and in order: the body's first bytes.
         REQUIRE(got.size() < body.size());
         REQUIRE(got == body.substr(0, got.size()));
-        // Both attempts were received directly; a reset may reach the socket before any of
-        // the body (the kernel drops what was queued), so libcurl saw none of that one's.
-        if (args.front() == "--preset") REQUIRE(eng->direct() - before >= 1);
-        else REQUIRE(eng->direct() - before == 2);
+        // Both attempts were received directly. Not asserted for a reset: it may reach the
+        // socket before the lane takes it over (the kernel then drops what was queued, and
+        // a reset socket has no peer address to be found by), and libcurl reports it.
+        if (args.front() != "--preset") REQUIRE(eng->direct() - before == 2);
         REQUIRE(took < std::chrono::seconds(30));  // a generous bound: the stall is cut at about 1 s
     }
 }
