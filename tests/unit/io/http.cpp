@@ -203,17 +203,33 @@ TEST_CASE("fetch: transfers are spread over the engine's lanes and each object a
     REQUIRE(requests > urls.size());  // the large object came in parts
 }
 
+namespace {
+// The process's engine, started with SLUICE_HTTP_DIRECT = `threshold` (nullopt: unset, the
+// default) and no proxy in the environment; nullptr, after saying the test is skipped,
+// where this libcurl is never received from directly.
+std::shared_ptr<sluice::detail::curl_engine> direct_engine(std::optional<std::string> threshold) {
+    using engine = sluice::detail::curl_engine;
+    sluice_test::scoped_env env{{{"http_proxy", std::nullopt},
+                                 {"all_proxy", std::nullopt},
+                                 {"ALL_PROXY", std::nullopt},
+                                 {"SLUICE_HTTP_DIRECT", std::nullopt}}};
+    if (engine::direct_threshold() == 0) {
+        WARN("[test skipped] direct receive is only used with libcurl 7.88-7.x; this one is " << curl_version());
+        return nullptr;
+    }
+    sluice_test::scoped_env direct{{{"SLUICE_HTTP_DIRECT", std::move(threshold)}}};
+    return engine::shared();
+}
+}  // namespace
+
 TEST_CASE("fetch: large plain-HTTP bodies are received straight into the chunks, byte for byte", "[http][direct]") {
     using engine = sluice::detail::curl_engine;
-    sluice_test::scoped_env no_proxy{{{"http_proxy", std::nullopt}, {"all_proxy", std::nullopt}, {"ALL_PROXY", std::nullopt}}};
+    if (!direct_engine(std::nullopt)) return;
     // SLUICE_HTTP_DIRECT is read when an engine starts: unset, bodies with 4 MiB or more
     // to come are received by the lane itself; 0 turns that off; junk is the default.
+    sluice_test::scoped_env no_proxy{{{"http_proxy", std::nullopt}, {"all_proxy", std::nullopt}, {"ALL_PROXY", std::nullopt}}};
     {
         sluice_test::scoped_env env{{{"SLUICE_HTTP_DIRECT", std::nullopt}}};
-        if (engine::direct_threshold() == 0) {
-            WARN("[test skipped] direct receive is only used with libcurl 7.88-7.x; this one is " << curl_version());
-            return;
-        }
         REQUIRE(engine::direct_threshold() == (4u << 20));
     }
     for (const char* junk : {"-1", "4M", ""}) {
@@ -251,10 +267,7 @@ TEST_CASE("fetch: large plain-HTTP bodies are received straight into the chunks,
 
     for (const bool on : {true, false}) {
         INFO((on ? "direct receive on" : "SLUICE_HTTP_DIRECT=0"));
-        auto eng = [&] {
-            sluice_test::scoped_env env{{{"SLUICE_HTTP_DIRECT", on ? std::nullopt : std::optional<std::string>("0")}}};
-            return engine::shared();
-        }();
+        auto eng = direct_engine(on ? std::nullopt : std::optional<std::string>("0"));
         const auto before = eng->direct();
         std::map<std::string, std::string> got;
         std::size_t repeats = 0;
@@ -273,10 +286,7 @@ TEST_CASE("fetch: large plain-HTTP bodies are received straight into the chunks,
 
     // .stall = 0 is no stall limit, for the lane's own check as for libcurl's.
     {
-        auto eng = [] {
-            sluice_test::scoped_env env{{{"SLUICE_HTTP_DIRECT", std::nullopt}}};
-            return engine::shared();
-        }();
+        auto eng = direct_engine(std::nullopt);
         const auto before = eng->direct();
         sluice::pipeline p(sluice::list(nginx.url("big.bin")) | sluice::plan() |
                            sluice::fetch({.chunk_size = 1 << 20, .stall = std::chrono::seconds(0)}));
@@ -289,16 +299,8 @@ TEST_CASE("fetch: large plain-HTTP bodies are received straight into the chunks,
 }
 
 TEST_CASE("fetch: directly received bodies under resets, stalls and truncations arrive whole, once", "[http][direct][faults]") {
-    using engine = sluice::detail::curl_engine;
-    sluice_test::scoped_env no_proxy{{{"http_proxy", std::nullopt}, {"all_proxy", std::nullopt}, {"ALL_PROXY", std::nullopt}}};
-    auto eng = [] {
-        sluice_test::scoped_env env{{{"SLUICE_HTTP_DIRECT", std::string("262144")}}};
-        return engine::shared();
-    }();
-    if (sluice::detail::curl_engine::direct_threshold() == 0) {
-        WARN("[test skipped] direct receive is only used with libcurl 7.88-7.x; this one is " << curl_version());
-        return;
-    }
+    auto eng = direct_engine("262144");
+    if (!eng) return;
     const auto before = eng->direct();
     // Each fault cuts a body at its half, after the lane took it over (256 KiB to come).
     sluice_test::temp_dir www;
@@ -338,16 +340,8 @@ TEST_CASE("fetch: directly received bodies under resets, stalls and truncations 
 }
 
 TEST_CASE("fetch: a directly received body that stalls, is cut or reset fails as libcurl's would, naming the URL", "[http][direct][errors]") {
-    using engine = sluice::detail::curl_engine;
-    sluice_test::scoped_env no_proxy{{{"http_proxy", std::nullopt}, {"all_proxy", std::nullopt}, {"ALL_PROXY", std::nullopt}}};
-    auto eng = [] {
-        sluice_test::scoped_env env{{{"SLUICE_HTTP_DIRECT", std::string("262144")}}};
-        return engine::shared();
-    }();
-    if (engine::direct_threshold() == 0) {
-        WARN("[test skipped] direct receive is only used with libcurl 7.88-7.x; this one is " << curl_version());
-        return;
-    }
+    auto eng = direct_engine("262144");
+    if (!eng) return;
     sluice_test::temp_dir www;
     sluice::detail::rng r(sluice_test::test_seed());
     const std::string body = random_bytes(r, 4u << 20);
