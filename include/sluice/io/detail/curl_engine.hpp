@@ -33,8 +33,8 @@
 // curl's CPU per GB (bench/RESULTS.md, issue 17), while a recv straight into the chunks
 // costs what curl costs. So when a response is plain HTTP/1.1 with a Content-Length, sent
 // as is (no Transfer-Encoding), and at least SLUICE_HTTP_DIRECT bytes (4 MiB) of it are
-// still to come, the lane takes it over once libcurl holds none of its bytes: it pauses
-// the transfer in libcurl (which then neither reads the socket nor times it), finds the
+// still to come at its first body bytes, the lane takes it over: on_write pauses the
+// transfer in libcurl (which then neither reads the socket nor times it), the lane finds the
 // connection's socket among those libcurl opened on this lane (by both ends' addresses),
 // and recv()s the rest of the body into the chunks itself, with the same mailbox, pause
 // on a slow reader, stall limit and error codes and messages as libcurl's. When the body
@@ -140,12 +140,13 @@ struct http_transfer {
     // Direct receive (see "Receiving a large body directly" below).
     std::uint64_t direct_min = 0;  // receive directly when at least this much is left (0: never)
     bool direct_wanted = false;    // on_write found the response fit; the lane takes it over
-    bool direct = false;           // the lane receives its body from `fd` itself
     bool in_unpause = false;       // in curl_easy_pause(CONT), which may call on_write
-    int fd = -1;
+    int fd = -1;                   // the lane receives the body from it itself (is_direct)
     std::uint64_t left = 0;        // body bytes still to come, when direct
     curl_off_t curl_seen = 0;      // the body bytes libcurl had counted when the lane took it over
     std::chrono::steady_clock::time_point last_byte;  // for the stall limit, when direct
+
+    bool is_direct() const { return fd >= 0; }
 
     // Wakes the coroutine, if it waits. Call with m held; returns what to resume.
     std::coroutine_handle<> take_waiter() {
@@ -199,22 +200,22 @@ public:
         if (!info || info->version_num < 0x075800 || info->version_num >= 0x080000) return 0;
         for (const char* proxy : {"http_proxy", "all_proxy", "ALL_PROXY"})
             if (const char* v = std::getenv(proxy); v && *v) return 0;
-        if (const char* v = std::getenv("SLUICE_HTTP_DIRECT")) {
-            char* end = nullptr;
-            const unsigned long long n = std::strtoull(v, &end, 10);
-            if (end != v && *end == 0 && v[0] != '-') return n;
-        }
-        return 4u << 20;
+        return env_number("SLUICE_HTTP_DIRECT").value_or(4u << 20);
     }
     /// The lanes an engine starts with: SLUICE_HTTP_THREADS when it is 1-16, else the
     /// CPUs the process may run on (detail::usable_cpus), at most 4.
     static std::size_t default_lanes() {
-        if (const char* v = std::getenv("SLUICE_HTTP_THREADS")) {
-            char* end = nullptr;
-            const long n = std::strtol(v, &end, 10);
-            if (end != v && *end == 0 && n >= 1 && n <= 16) return static_cast<std::size_t>(n);
-        }
+        if (const auto n = env_number("SLUICE_HTTP_THREADS"); n && *n >= 1 && *n <= 16) return static_cast<std::size_t>(*n);
         return std::clamp<std::size_t>(usable_cpus(), 1, 4);
+    }
+    /// The environment variable `name` when it is a whole decimal number, digits only.
+    static std::optional<std::uint64_t> env_number(const char* name) {
+        const char* v = std::getenv(name);
+        if (!v || *v < '0' || *v > '9') return std::nullopt;
+        char* end = nullptr;
+        const unsigned long long n = std::strtoull(v, &end, 10);
+        if (*end) return std::nullopt;
+        return n;
     }
 
     /// Starts a transfer on the lane with the fewest transfers (ties in turn).
@@ -354,7 +355,7 @@ private:
                 auto it = live_.find(e);
                 if (it == live_.end()) continue;  // it ended in the same round
                 http_transfer& t = *it->second;
-                if (!t.direct_wanted || t.direct) continue;
+                if (!t.direct_wanted || t.is_direct()) continue;
                 curl_off_t length = -1;
                 curl_easy_getinfo(e, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length);
                 const int fd = socket_of(e);
@@ -367,7 +368,6 @@ private:
                 curl_off_t seen = -1;
                 curl_easy_getinfo(e, CURLINFO_SIZE_DOWNLOAD_T, &seen);
                 t.curl_seen = seen;
-                t.direct = true;
                 t.fd = fd;
                 t.left = static_cast<std::uint64_t>(length) - t.received;
                 t.last_byte = std::chrono::steady_clock::now();
@@ -532,7 +532,7 @@ private:
                     if (unpause) t.paused = false;
                 }
                 // A direct transfer's socket is read again in the next round.
-                if (unpause && t.easy && !t.direct) {
+                if (unpause && t.easy && !t.is_direct()) {
                     t.in_unpause = true;
                     curl_easy_pause(t.easy, CURLPAUSE_CONT);  // may write at once
                     t.in_unpause = false;
