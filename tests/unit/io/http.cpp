@@ -831,6 +831,24 @@ TEST_CASE("fetch: stop returns at once while transfers stall, ordered or not", "
     }
 }
 
+TEST_CASE("fetch: stop returns at once while directly received bodies stall", "[http][direct][stop]") {
+    auto eng = direct_engine("262144");
+    if (!eng) return;
+    const auto before = eng->direct();
+    sluice_test::temp_dir www;
+    sluice::detail::rng r(sluice_test::test_seed());
+    for (int i = 0; i < 4; ++i) www.write("s" + std::to_string(i) + ".bin", random_bytes(r, 2u << 20));
+    // Every body stalls for two minutes halfway through, after the lane took it over.
+    sluice_test::fault_server faults(www.path().string(), {"--stall-first", "4", "--stall-s", "120"});
+    sluice::pipeline p(sluice::list(faults.url("s{0..3}.bin")) | sluice::plan() |
+                       sluice::fetch({.chunk_size = 128 << 10, .stall = std::chrono::seconds(60)}));
+    REQUIRE(p.next_blocking());
+    const double s = seconds_to_stop(p);
+    INFO("stop took " << s << " s");
+    REQUIRE(s < 5);  // a hang test: the stall is 120 s and the stall limit 60 s
+    REQUIRE(eng->direct() - before >= 1);
+}
+
 TEST_CASE("fetch: stop returns at once against a black-holed endpoint and during backoff", "[http][stop]") {
     // A listening socket that never accepts: connections complete in the kernel, and no
     // byte ever comes back.
