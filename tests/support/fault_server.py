@@ -9,6 +9,8 @@ purpose, each fault drawn per request from a seeded generator:
   --pstall F     send part of the body, then stall for --stall-s seconds
   --ttfb-ms MS   wait this long before every answer's first byte (object-store latency)
   --no-ranges    ignore Range headers (answer 200 with the whole object)
+  --chunked      send bodies with Transfer-Encoding: chunked (no Content-Length)
+  --http10       answer as HTTP/1.0 (the connection closes after each answer)
   --max-concurrent N  answer at most N requests at once (others wait their turn, as
                  behind a server with N workers): the rate tops out at N / latency
   --busy-503 N   answer 503 (SlowDown, at once) to a request that arrives while N are
@@ -149,7 +151,10 @@ class Handler(BaseHTTPRequestHandler):
             status = 206
         body = data[start:end]
         self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
+        if args.chunked and not head:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Content-Length", str(len(body)))
         self.send_header("ETag", etag)
         self.send_header("Accept-Ranges", "bytes")
         if status == 206:
@@ -158,6 +163,7 @@ class Handler(BaseHTTPRequestHandler):
         if head:
             return
         half = len(body) // 2
+        self.whole = body
         with lock:
             stats["bodies"] += 1
             stall_first = stats["bodies"] <= args.stall_first
@@ -195,7 +201,14 @@ class Handler(BaseHTTPRequestHandler):
         self.send_counted(body)
 
     def send_counted(self, data):
-        self.wfile.write(data)
+        if args.chunked:  # (a cut or stalled body then lacks its last chunk, as it should)
+            for i in range(0, len(data), 65536):
+                piece = data[i:i + 65536]
+                self.wfile.write(b"%x\r\n" % len(piece) + piece + b"\r\n")
+            if len(data) == len(self.whole):
+                self.wfile.write(b"0\r\n\r\n")
+        else:
+            self.wfile.write(data)
         self.wfile.flush()
         with lock:
             stats["sent"] += len(data)
@@ -221,11 +234,15 @@ def main():
     p.add_argument("--stall-first", type=int, default=0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--no-ranges", action="store_true")
+    p.add_argument("--chunked", action="store_true")
+    p.add_argument("--http10", action="store_true")
     p.add_argument("--max-concurrent", type=int, default=0)
     args = p.parse_args()
     if args.max_concurrent > 0:
         workers = threading.Semaphore(args.max_concurrent)
     rng = random.Random(args.seed)
+    if args.http10:
+        Handler.protocol_version = "HTTP/1.0"
     srv = Server(("127.0.0.1", 0), Handler)
     print("port %d" % srv.server_address[1], flush=True)
     srv.serve_forever()

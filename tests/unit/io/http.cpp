@@ -390,6 +390,120 @@ TEST_CASE("fetch: a directly received body that stalls, is cut or reset fails as
     }
 }
 
+TEST_CASE("fetch: bodies the lane must not read itself are copied: chunked, HTTP/1.0, HTTPS, a 200 to a Range request", "[http][direct]") {
+    auto eng = direct_engine("262144");
+    if (!eng) return;
+    sluice_test::temp_dir www;
+    sluice::detail::rng r(sluice_test::test_seed());
+    const std::string body = random_bytes(r, (2u << 20) + 777);  // 256 KiB or more to come: direct, where it may be
+    www.write("x.bin", body);
+    struct answer {
+        std::string what;
+        std::string got;
+        std::uint64_t direct = 0;  // transfers received directly
+        std::uint64_t retries = 0;
+    };
+    auto get = [&](const std::string& what, const std::string& url, sluice::fetch_options o) {
+        o.chunk_size = 128 << 10;
+        o.retries = 0;  // a body read wrongly must fail here, not be mended by a resume
+        const auto before = eng->direct();
+        sluice::pipeline p(sluice::list(url) | sluice::plan() | sluice::fetch(o));
+        answer a{what, {}, 0, 0};
+        while (auto c = p.next_blocking()) a.got += c->data.view();
+        a.direct = eng->direct() - before;
+        a.retries = counter(p.figures(), "fetch", "retries");
+        return a;
+    };
+    std::vector<answer> copied;
+    {
+        sluice_test::fault_server plain(www.path().string(), {});
+        // The control: the same server and body, none of the reasons, is received directly.
+        const auto a = get("control", plain.url("x.bin"), {});
+        REQUIRE(a.got == body);
+        REQUIRE(a.direct == 1);
+    }
+    {
+        sluice_test::fault_server chunked(www.path().string(), {"--chunked"});
+        copied.push_back(get("Transfer-Encoding: chunked (the socket carries chunk sizes)", chunked.url("x.bin"), {}));
+    }
+    {
+        sluice_test::fault_server http10(www.path().string(), {"--http10"});
+        copied.push_back(get("HTTP/1.0", http10.url("x.bin"), {}));
+    }
+    {
+        // The first request of an object asks for a range; a 200 answer is the whole object.
+        sluice_test::fault_server no_ranges(www.path().string(), {"--no-ranges"});
+        copied.push_back(get("a 200 to a Range request", no_ranges.url("x.bin"), {}));
+    }
+    {
+        sluice_test::nginx_server tls(www.path().string(), /*tls=*/true);  // (the socket carries TLS records)
+        copied.push_back(get("HTTPS", tls.url("x.bin"), {.ca_file = tls.ca_file()}));
+    }
+    for (const auto& a : copied) {  // (CHECK: every case is reported)
+        INFO(a.what);
+        CHECK(a.got.size() == body.size());
+        CHECK(a.got == body);
+        CHECK(a.retries == 0);
+        CHECK(a.direct == 0);
+    }
+}
+
+TEST_CASE("fetch: a redirect to a large object is followed, and its body received directly", "[http][direct]") {
+    auto eng = direct_engine("262144");
+    if (!eng) return;
+    sluice_test::temp_dir www;
+    sluice::detail::rng r(sluice_test::test_seed());
+    const std::string body = random_bytes(r, (3u << 20) + 5);
+    www.write("new.bin", body);
+    sluice_test::nginx_server nginx(www.path().string(), false,
+                                    "    location = /old.bin { return 302 /new.bin; }\n");
+    const auto before = eng->direct();
+    // Parts of 1 MiB (4), one at a time: each part is a request to old.bin, redirected.
+    sluice::pipeline p(sluice::list(nginx.url("old.bin")) | sluice::plan() |
+                       sluice::fetch({.chunk_size = 128 << 10, .part_size = 1 << 20, .max_part_size = 1 << 20, .parts_in_flight = 1, .retries = 0}));
+    std::string got;
+    while (auto c = p.next_blocking()) got += c->data.view();
+    REQUIRE(got == body);
+    REQUIRE(counter(p.figures(), "fetch", "parts") >= 3);
+    REQUIRE(eng->direct() - before >= 3);  // each part's 1 MiB body: the redirect's own body is not taken for it
+}
+
+TEST_CASE("fetch: a directly received body waits for a slow reader, beyond the stall limit, and arrives whole", "[http][direct][memory]") {
+    auto eng = direct_engine("262144");
+    if (!eng) return;
+    sluice_test::temp_dir www;
+    sluice::detail::rng r(sluice_test::test_seed());
+    const std::string body = random_bytes(r, (12u << 20) + 99);
+    www.write("slow.bin", body);
+    sluice_test::nginx_server nginx(www.path().string());
+    const auto direct_before = eng->direct();
+    const auto holds_before = eng->direct_holds();
+    // Parts of 4 MiB, all in flight: the later parts wait for the reader the longest. The
+    // reader stops twice for longer than the stall limit: a held transfer is not stalled.
+    sluice::pipeline p(sluice::list(nginx.url("slow.bin")) | sluice::plan() |
+                       sluice::fetch({.chunk_size = 256 << 10,
+                                      .part_size = 4 << 20,
+                                      .max_part_size = 4 << 20,
+                                      .retries = 0,
+                                      .stall = std::chrono::seconds(1),
+                                      .out = {2, 512 << 10}}));
+    std::string got;
+    std::size_t chunks = 0;
+    while (auto c = p.next_blocking()) {
+        got += c->data.view();
+        ++chunks;
+        if (chunks == 2 || chunks == 20) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+        else std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    REQUIRE(got.size() == body.size());
+    REQUIRE(got == body);
+    const auto f = p.figures();
+    INFO(f.table());
+    REQUIRE(counter(f, "fetch", "retries") == 0);
+    REQUIRE(eng->direct() - direct_before >= 3);
+    REQUIRE(eng->direct_holds() - holds_before >= 3);  // each part held at least once for its reader
+}
+
 TEST_CASE("fetch: libcurl's receive buffers are kept for the next transfer, not faulted in afresh", "[http]") {
     using keeper = sluice::detail::curl_buffer_keeper;
     // A keeper of its own: a block of the receive buffer's size comes back for the next
@@ -835,6 +949,8 @@ TEST_CASE("fetch: stop returns at once while directly received bodies stall", "[
     auto eng = direct_engine("262144");
     if (!eng) return;
     const auto before = eng->direct();
+    std::size_t loads_before = 0;  // (0 unless a transfer of an earlier test is still finishing)
+    for (auto k : eng->loads()) loads_before += k;
     sluice_test::temp_dir www;
     sluice::detail::rng r(sluice_test::test_seed());
     for (int i = 0; i < 4; ++i) www.write("s" + std::to_string(i) + ".bin", random_bytes(r, 2u << 20));
@@ -847,6 +963,14 @@ TEST_CASE("fetch: stop returns at once while directly received bodies stall", "[
     INFO("stop took " << s << " s");
     REQUIRE(s < 5);  // a hang test: the stall is 120 s and the stall limit 60 s
     REQUIRE(eng->direct() - before >= 1);
+    // Every transfer the stop abandoned is finished on its lane: none is left counted.
+    auto busy = [&] {
+        std::size_t n = 0;
+        for (auto k : eng->loads()) n += k;
+        return n;
+    };
+    for (int i = 0; i < 1000 && busy() != loads_before; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    REQUIRE(busy() == loads_before);
 }
 
 TEST_CASE("fetch: stop returns at once against a black-holed endpoint and during backoff", "[http][stop]") {

@@ -182,10 +182,23 @@ public:
         for (auto& l : lanes_) n.push_back(l->started.load(std::memory_order_relaxed));
         return n;
     }
+    /// Transfers added to each lane and not yet finished (for tests and diagnostics).
+    std::vector<std::size_t> loads() const {
+        std::vector<std::size_t> n;
+        for (auto& l : lanes_) n.push_back(l->load.load(std::memory_order_relaxed));
+        return n;
+    }
     /// Transfers whose body a lane received directly, over all lanes (for tests and diagnostics).
     std::uint64_t direct() const {
         std::uint64_t n = 0;
         for (auto& l : lanes_) n += l->direct_count.load(std::memory_order_relaxed);
+        return n;
+    }
+    /// Times a directly received transfer was held because its reader was two chunks
+    /// behind, over all lanes (for tests and diagnostics).
+    std::uint64_t direct_holds() const {
+        std::uint64_t n = 0;
+        for (auto& l : lanes_) n += l->direct_holds.load(std::memory_order_relaxed);
         return n;
     }
     /// The least body left, in bytes, that a lane receives directly: SLUICE_HTTP_DIRECT when
@@ -308,6 +321,7 @@ private:
         std::atomic<std::size_t> load{0};  // transfers added and not yet finished (for add's choice)
         std::atomic<std::uint64_t> started{0};
         std::atomic<std::uint64_t> direct_count{0};  // transfers whose body this lane received directly
+        std::atomic<std::uint64_t> direct_holds{0};  // times such a transfer waited for its reader
 
     private:
         void loop() {
@@ -449,7 +463,10 @@ private:
             for (;;) {
                 {
                     std::lock_guard lock(t.m);
-                    if (t.ready.size() >= 2 && !t.detached) t.paused = true;
+                    if (!t.paused && t.ready.size() >= 2 && !t.detached) {
+                        t.paused = true;
+                        direct_holds.fetch_add(1, std::memory_order_relaxed);
+                    }
                     if (t.paused) {
                         t.last_byte = now;  // a transfer held by its reader is not stalled
                         return false;
@@ -531,7 +548,10 @@ private:
                     unpause = t.paused && !t.done;
                     if (unpause) t.paused = false;
                 }
-                // A direct transfer's socket is read again in the next round.
+                // A direct transfer's socket is read again in the next round, its stall
+                // clock started afresh: the hold ended now, not at the last round (up to
+                // the poll's second ago) that saw it held.
+                if (unpause && t.is_direct()) t.last_byte = std::chrono::steady_clock::now();
                 if (unpause && t.easy && !t.is_direct()) {
                     t.in_unpause = true;
                     curl_easy_pause(t.easy, CURLPAUSE_CONT);  // may write at once
