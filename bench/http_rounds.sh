@@ -4,13 +4,14 @@
 # curl's. For comparing builds or settings on a noisy VM, where bench/run.sh's best of 5
 # whole processes catches curl's lucky runs.
 #
-#   bench/http_rounds.sh BASE_URL raw|tar|big ROUNDS NAME=PROBE [NAME=PROBE...]
+#   bench/http_rounds.sh BASE_URL raw|raw5|tar|big ROUNDS NAME=PROBE [NAME=PROBE...]
 #
 # BASE_URL serves bench/run.sh http's data (build-release/bench-data/http: w/obj-*.bin,
 # o/shard-*.tar, big.bin), e.g. nginx started as bench/run.sh http starts it. A NAME
 # ending in "@1" runs its probe with SLUICE_HTTP_THREADS=1, one ending in "@nodirect"
 # with SLUICE_HTTP_DIRECT=0 (bodies copied out of libcurl's buffer, not received into the
-# chunks). In big mode PROBE may be bench/direct_recv (built beside sluice-probe in
+# chunks), one ending in "@chunks" (raw or tar mode) with --format chunks: the fetch alone,
+# no records, no batch. In big mode PROBE may be bench/direct_recv (built beside sluice-probe in
 # build-release/bench), which fetches big.bin alone; with a NAME ending in "+copy" it
 # runs with --copy.
 #
@@ -27,11 +28,18 @@ base=$1 mode=$2 rounds=$3; shift 3
 case $mode in
   raw) args=(--format raw --batch 256 --no-crc --json --quiet --in-flight 64 "$base/w/obj-{000000..001999}.bin")
        curlurl="$base/w/obj-[000000-001999].bin" ;;
+  raw5) args=(--format raw --batch 256 --no-crc --json --quiet --in-flight 64 --epochs 5 "$base/w/obj-{000000..001999}.bin")
+       curlurl="$base/w/obj-[000000-001999].bin" ;;
   tar) args=(--format tar --batch 256 --no-crc --json --quiet --in-flight 64 "$base/o/shard-{000000..001999}.tar")
        curlurl="$base/o/shard-[000000-001999].tar" ;;
   big) args=(--format chunks --no-crc --json --quiet "$base/big.bin"); curlurl="$base/big.bin" ;;
-  *) echo "mode: raw, tar or big" >&2; exit 2 ;;
+  *) echo "mode: raw, raw5, tar or big" >&2; exit 2 ;;
 esac
+curls=(-s --parallel --parallel-max 64 -o /dev/null "$curlurl")
+# raw5: five epochs in one process; curl is given the URLs five times (its output, stdout,
+# goes to /dev/null): the first epoch's faults of fresh memory (sluice's batches and
+# chunks) are then a fifth of the run, as in a longer one.
+[ "$mode" = raw5 ] && curls=(-s --parallel --parallel-max 64 "$curlurl" "$curlurl" "$curlurl" "$curlurl" "$curlurl")
 out=$(mktemp); trap 'rm -f "$out"' EXIT
 server_ns() {  # the CPU time of SERVER_PIDS so far, in ns (first field of schedstat)
   local s=0 p
@@ -47,7 +55,7 @@ one() {  # NAME command...: "NAME wall_s cpu_s server_cpu_s"
 }
 for p in ${SERVER_PIDS:-}; do [ -r "/proc/$p/schedstat" ] || { echo "SERVER_PIDS: no process $p" >&2; exit 2; }; done
 for _ in $(seq "$rounds"); do
-  one curl curl -s --parallel --parallel-max 64 -o /dev/null "$curlurl" >> "$out"
+  one curl curl "${curls[@]}" >> "$out"
   for p in "$@"; do
     name=${p%%=*} probe=${p#*=}
     if [[ $(basename "$probe") == direct_recv ]]; then
@@ -56,6 +64,9 @@ for _ in $(seq "$rounds"); do
       else one "$name" "$probe" "$base/big.bin" >> "$out"; fi
     elif [[ $name == *@1 ]]; then SLUICE_HTTP_THREADS=1 one "$name" "$probe" "${args[@]}" >> "$out"
     elif [[ $name == *@nodirect ]]; then SLUICE_HTTP_DIRECT=0 one "$name" "$probe" "${args[@]}" >> "$out"
+    elif [[ $name == *@chunks ]]; then
+      c=("${args[@]}"); for i in "${!c[@]}"; do [ "${c[$i]}" = --format ] && c[i+1]=chunks; done
+      one "$name" "$probe" "${c[@]}" >> "$out"
     else one "$name" "$probe" "${args[@]}" >> "$out"; fi
   done
 done

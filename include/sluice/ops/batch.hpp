@@ -224,6 +224,10 @@ private:
     std::vector<std::weak_ptr<buffer_source>> pools_;
 };
 
+/// Batches this large are written with streaming stores (detail::stream_copy): they pay
+/// off once the batch is well beyond the L2 cache.
+inline constexpr std::size_t streamed_batch_bytes = std::size_t{4} << 20;
+
 /// Copies each record into its batch's buffer as it joins the group, on the group
 /// stage's thread, when the record alone holds a buffer of its own (a fetched object, a
 /// file read whole; not a slice of a shared chunk or of a mapped file). Such a record
@@ -267,6 +271,7 @@ public:
     /// The group is complete: the buffer its records lie in, in order (null when some were
     /// left for collation to copy). The next group starts a buffer of its own.
     std::shared_ptr<const buffer> take() {
+        stream_fence();  // the streaming stores, before another thread reads the batch
         if (!off_ && buf_) last_ = used_;
         std::shared_ptr<const buffer> b = off_ ? nullptr : std::move(buf_);
         buf_.reset();
@@ -293,11 +298,17 @@ private:
         }
         if (used_ + size > buf_->capacity()) grow(group, std::max(buf_->capacity() + buf_->capacity() / 2, used_ + size));
         std::byte* p = buf_->data() + used_;
+        // Streaming stores, as collation's (copy_one) and under the same rule: a batch well
+        // beyond the L2 cache, where plain stores would read each of its lines before
+        // writing it.
+        const bool stream = size >= 4096 && buf_->capacity() >= streamed_batch_bytes;
         if (r.unchecked_crc32c) {
-            if (crc32c_mask(crc32c_copy(p, r.data.data(), size, 0, false)) != *r.unchecked_crc32c) {
+            if (crc32c_mask(crc32c_copy(p, r.data.data(), size, 0, stream)) != *r.unchecked_crc32c) {
                 off_ = true;
                 return false;
             }
+        } else if (stream) {
+            stream_copy(p, r.data.data(), size);
         } else {
             std::memcpy(p, r.data.data(), size);
         }
@@ -352,8 +363,7 @@ inline host_batch collate_records(std::vector<record>& rs, buffer_source& mem, c
         // Records of different sizes make batches of different sizes: memory that may also
         // serve the next, larger batch (buffer_source::allocate_varying).
         auto fresh = ragged ? mem.allocate_varying(total) : mem.allocate(total);
-        // Streaming stores pay off once the batch is well beyond the L2 cache.
-        const bool stream = total >= (std::size_t{4} << 20);
+        const bool stream = total >= streamed_batch_bytes;
         auto copy = std::make_shared<collate_copy>(rs, fresh->data(), b.offsets, stream);
         if (helper && total >= helped_collation_bytes && rs.size() >= 2)
             asio::post(*helper, [copy, helped] {

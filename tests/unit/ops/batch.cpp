@@ -506,6 +506,14 @@ TEST_CASE("records that hold a buffer of their own are copied into their batch a
         REQUIRE(copied >= texts.size() - 64);
         REQUIRE(copied <= texts.size());
     }
+    SECTION("batches of 4 MiB or more (written with streaming stores): the same batches") {
+        const auto [want_large, f0] = run(own, {.size = 200, .concurrency = 1});
+        REQUIRE(want_large.size() == 2);
+        REQUIRE(std::get<0>(want_large[0]).size() >= sluice::detail::streamed_batch_bytes);
+        const auto [got, f] = run(own, {.size = 200});
+        REQUIRE(got == want_large);
+        REQUIRE(stage_counter(f, "group", "copied_on_arrival").value_or(0) >= texts.size() - 200);
+    }
     SECTION("records that share one buffer are left to collation") {
         const auto [got, f] = run(shared, {.size = 64});
         REQUIRE(got == want);
@@ -552,6 +560,20 @@ TEST_CASE("a record copied on arrival is checked against its TFRecord checksum, 
         REQUIRE(b.data.data() == at);  // not copied again
         REQUIRE(b.offsets == std::vector<std::uint64_t>{0, 1, 30001, 60001, 90001});
         REQUIRE(b.key(3) == "data/train-00007.tfrecord#3");
+    }
+    SECTION("records of MiBs (a batch streamed): checked as copied, a bad one stops the copies") {
+        sluice::detail::early_collation early(slot, pool, &copied);
+        std::vector<sluice::record> group;
+        for (std::uint64_t i = 0; i < 3; ++i) {
+            group.push_back(tfrecord(std::string((i == 0 ? 3u : 2u) << 20, char('p' + i)), i, i != 2));
+            early.add(group, n);
+        }
+        REQUIRE(copied == 2);  // the third, bad, is left, and the group with it
+        REQUIRE(group[0].data.view() == std::string(3u << 20, 'p'));
+        REQUIRE(group[1].data.view() == std::string(2u << 20, 'q'));
+        REQUIRE(early.take() == nullptr);
+        REQUIRE_THROWS_WITH(sluice::detail::collate_records(group, *pool),
+                            Catch::Contains("bad TFRecord data checksum (record 2)") && Catch::Contains("data/train-00007.tfrecord"));
     }
     SECTION("a bad record stops the copies on arrival; collation reports it") {
         sluice::detail::early_collation early(slot, pool, &copied);
