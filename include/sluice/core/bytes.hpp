@@ -177,6 +177,13 @@ public:
     /// records): a source may make fresh memory larger, so that it also serves the next,
     /// somewhat larger request. By default, allocate.
     virtual std::shared_ptr<buffer> allocate_varying(std::size_t size) { return allocate(size); }
+    /// A buffer of at least `size` bytes from what the source keeps for reuse (already
+    /// faulted in), as allocate_varying would find it; null when it keeps none that fits,
+    /// and by default.
+    virtual std::shared_ptr<buffer> allocate_kept(std::size_t size) {
+        (void)size;
+        return nullptr;
+    }
 };
 
 /// Recycles freed buffers, by size class, up to `max_cached_bytes` of them.
@@ -224,6 +231,8 @@ public:
         return allocate(size, larger);
     }
 
+    std::shared_ptr<buffer> allocate_kept(std::size_t size) override { return allocate(size, 0); }
+
     std::size_t cached_bytes() const {
         std::lock_guard lock(m_);
         return cached_;
@@ -231,10 +240,11 @@ public:
 
 private:
     explicit buffer_pool(std::size_t max_cached) : max_cached_(max_cached) {}
-    // A request of `size` bytes; `fresh`: the capacity of new memory, if none is cached.
+    // A request of `size` bytes; `fresh`: the capacity of new memory, if none is cached
+    // (0: none, null then).
     std::shared_ptr<buffer> allocate(std::size_t size, std::size_t fresh) {
         const std::size_t cap = size_class(size);
-        if (cap < min_pooled) return std::make_shared<buffer>(cap);
+        if (cap < min_pooled) return fresh ? std::make_shared<buffer>(cap) : nullptr;
         std::unique_ptr<buffer> b;
         {
             // Its own class first, else, from 4 MiB up, one of the next four (at most
@@ -250,6 +260,7 @@ private:
                     cached_ -= c;
                 }
         }
+        if (!b && !fresh) return nullptr;
         if (!b) b = std::make_unique<buffer>(fresh);
         // The deleter holds a weak reference: buffers may outlive the pool.
         return std::shared_ptr<buffer>(b.release(), [w = weak_from_this()](buffer* p) {

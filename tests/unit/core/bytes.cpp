@@ -105,6 +105,26 @@ TEST_CASE("a varying size gets fresh memory one class larger, which then serves 
     REQUIRE(small->allocate_varying(25'000'000)->capacity() == (24u << 20));
 }
 
+TEST_CASE("allocate_kept serves only what the pool keeps, as allocate_varying would find it", "[bytes]") {
+    auto pool = sluice::buffer_pool::create(128 << 20);
+    REQUIRE(pool->allocate_kept(25'000'000) == nullptr);  // nothing kept: no fresh memory either
+    REQUIRE(pool->allocate_kept(100) == nullptr);          // below the pooled sizes: never kept
+    const std::byte* first = nullptr;
+    {
+        auto a = pool->allocate_varying(25'000'000);
+        first = a->data();
+    }
+    REQUIRE(pool->cached_bytes() == (28u << 20));
+    {
+        auto kept = pool->allocate_kept(26'000'000);  // a larger batch of the same class
+        REQUIRE(kept != nullptr);
+        REQUIRE(kept->data() == first);
+        REQUIRE(pool->allocate_kept(25'000'000) == nullptr);  // it is taken
+    }
+    REQUIRE(pool->allocate_kept(20'000'000)->data() == first);  // a smaller one, up to twice its class
+    REQUIRE(pool->allocate_kept(40'000'000) == nullptr);  // larger than any kept
+}
+
 TEST_CASE("the pool caches at most its budget, and buffers may outlive it", "[bytes]") {
     std::shared_ptr<sluice::buffer> keep;
     {

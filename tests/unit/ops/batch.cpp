@@ -526,6 +526,57 @@ TEST_CASE("records that hold a buffer of their own are copied into their batch a
     }
 }
 
+TEST_CASE("a group copied on arrival waits a little for the last batch's buffer before it takes fresh memory", "[batch]") {
+    auto slot = std::make_shared<sluice::detail::collation_memory>();
+    std::shared_ptr<sluice::buffer_source> pool = sluice::buffer_pool::create(std::size_t{256} << 20);
+    slot->note(pool);
+    std::atomic<std::uint64_t> copied{0};
+    auto s = std::make_shared<const sluice::shard>(sluice::shard{"objects", 0, 0});
+    const std::size_t n = 64;  // 64 x 100 KB: a batch of 6.4 MB
+    auto object = [&](std::uint64_t i) {
+        return sluice::record{sluice::bytes::copy_of(std::string(100'000, char('a' + i % 26))), s, i, 0};
+    };
+    sluice::detail::early_collation early(slot, pool, &copied);
+    auto fill = [&](std::vector<sluice::record>& group, std::size_t count) {
+        for (std::size_t i = group.size(); i < count; ++i) {
+            group.push_back(object(i));
+            early.add(group, n);
+        }
+    };
+    // The first group has no last batch to wait for: copied from its first record.
+    std::vector<sluice::record> g1;
+    fill(g1, n);
+    REQUIRE(copied == n);
+    auto b1 = early.take();
+    REQUIRE(b1 != nullptr);
+    const std::byte* first = b1->data();
+    SECTION("the last batch's buffer comes back while the group's first eighth arrives: it is reused") {
+        std::vector<sluice::record> g2;
+        fill(g2, 3);
+        REQUIRE(copied == n);  // waiting: the last batch is still held
+        b1.reset();
+        g1.clear();  // its consumer lets it go
+        fill(g2, n);
+        REQUIRE(copied == 2 * n);  // the three that waited, then the rest
+        auto b2 = early.take();
+        REQUIRE(b2 != nullptr);
+        REQUIRE(b2->data() == first);
+        for (std::size_t i = 0; i < n; ++i) REQUIRE(g2[i].data.view() == std::string(100'000, char('a' + i % 26)));
+    }
+    SECTION("the last batch is held longer: after the first eighth, fresh memory") {
+        std::vector<sluice::record> g2;
+        fill(g2, n / 8 - 1);
+        REQUIRE(copied == n);
+        fill(g2, n / 8);
+        REQUIRE(copied == n + n / 8);
+        fill(g2, n);
+        auto b2 = early.take();
+        REQUIRE(b2 != nullptr);
+        REQUIRE(b2->data() != first);
+        for (std::size_t i = 0; i < n; ++i) REQUIRE(g2[i].data.view() == std::string(100'000, char('a' + i % 26)));
+    }
+}
+
 TEST_CASE("a record copied on arrival is checked against its TFRecord checksum, a bad one reported with shard and offset",
           "[batch]") {
     auto slot = std::make_shared<sluice::detail::collation_memory>();
