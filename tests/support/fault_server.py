@@ -238,6 +238,8 @@ def main():
     p.add_argument("--http10", action="store_true")
     p.add_argument("--max-concurrent", type=int, default=0)
     args = p.parse_args()
+    if args.chunked and args.http10:
+        p.error("--chunked and --http10 together: HTTP/1.0 has no chunked encoding")
     if args.max_concurrent > 0:
         workers = threading.Semaphore(args.max_concurrent)
     rng = random.Random(args.seed)

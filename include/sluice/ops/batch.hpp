@@ -247,6 +247,13 @@ inline constexpr std::size_t streamed_batch_bytes = std::size_t{4} << 20;
 class early_collation {
 public:
     early_collation() = default;
+    early_collation(const early_collation&) = default;
+    early_collation(early_collation&&) = default;
+    early_collation& operator=(const early_collation&) = default;
+    early_collation& operator=(early_collation&&) = default;
+    /// A buffer still held (a group cut short by a stop or dropped at an epoch's end) goes
+    /// back to the pool with its streamed bytes ordered.
+    ~early_collation() { stream_fence(); }
     /// `pool`: the group stage's runtime's pool, used once `slot` has it noted.
     early_collation(std::shared_ptr<collation_memory> slot, std::shared_ptr<buffer_source> pool,
                     std::atomic<std::uint64_t>* copied)
@@ -265,11 +272,15 @@ public:
             buf_ = mem_->allocate_kept(want);
             // None kept: the last batch's buffer is usually back in the pool once its
             // consumer has taken it, which happens while this group's first records arrive.
-            // Its first eighth waits for it (held in their own buffers) before fresh memory
-            // is faulted in: a run then touches one batch's memory, not two (2,000 objects
-            // of 100 KB: 25 MB less, about 15 ms of first touch on the bench VM).
-            if (!buf_ && last_ && group.size() < std::max<std::size_t>(1, n / 8)) return;
+            // Its first eighth waits for it (held in their own buffers); fresh memory is
+            // faulted in only if it has not come back by then. Where the consumer keeps up,
+            // a run then holds one batch buffer, not two (2,000 objects of 100 KB: peak RSS
+            // 25 MB lower). Not below the sizes a pool keeps (none would come back).
+            if (!buf_ && last_ >= buffer_pool::min_pooled && group.size() < std::max<std::size_t>(1, n / 8)) return;
             if (!buf_) buf_ = mem_->allocate_varying(want);
+            // Streamed (see copy_in) by the batch's expected size, as collation decides by
+            // its size, not by the capacity the pool happened to give.
+            stream_ = want >= streamed_batch_bytes;
             used_ = 0;
             for (std::size_t i = 0; i + 1 < group.size(); ++i)  // those that came before the memory
                 if (!copy_in(group, i)) return;
@@ -309,7 +320,7 @@ private:
         // Streaming stores, as collation's (copy_one) and under the same rule: a batch well
         // beyond the L2 cache, where plain stores would read each of its lines before
         // writing it.
-        const bool stream = size >= 4096 && buf_->capacity() >= streamed_batch_bytes;
+        const bool stream = stream_ && size >= 4096;
         if (r.unchecked_crc32c) {
             if (crc32c_mask(crc32c_copy(p, r.data.data(), size, 0, stream)) != *r.unchecked_crc32c) {
                 off_ = true;
@@ -327,6 +338,7 @@ private:
         return true;
     }
     void grow(std::vector<record>& group, std::size_t want) {
+        stream_fence();  // the old buffer goes back to the pool, for any thread to take
         auto bigger = mem_->allocate_varying(want);
         std::memcpy(bigger->data(), buf_->data(), used_);
         for (auto& r : group)
@@ -342,6 +354,7 @@ private:
     std::shared_ptr<buffer> buf_;
     std::size_t used_ = 0, last_ = 0;
     bool off_ = false;
+    bool stream_ = false;  // copy_in writes with streaming stores
 };
 
 /// Batches this large are copied by two threads when a helper is offered (the copy runs

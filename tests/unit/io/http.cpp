@@ -969,8 +969,9 @@ TEST_CASE("fetch: stop returns at once while directly received bodies stall", "[
         for (auto k : eng->loads()) n += k;
         return n;
     };
-    for (int i = 0; i < 1000 && busy() != loads_before; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    REQUIRE(busy() == loads_before);
+    // (<=: a transfer of an earlier test, counted before, may have finished meanwhile)
+    for (int i = 0; i < 1000 && busy() > loads_before; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    REQUIRE(busy() <= loads_before);
 }
 
 TEST_CASE("fetch: stop returns at once against a black-holed endpoint and during backoff", "[http][stop]") {

@@ -385,6 +385,7 @@ private:
                 t.fd = fd;
                 t.left = static_cast<std::uint64_t>(length) - t.received;
                 t.last_byte = std::chrono::steady_clock::now();
+                stream_fence();  // what on_write streamed into the chunk so far, before pull delivers it
                 direct_.push_back(it->second);
                 direct_count.fetch_add(1, std::memory_order_relaxed);
             }
