@@ -133,6 +133,20 @@ void check_dropped(const std::vector<T>& group) {
                 bad_data_checksum(r);
 }
 
+/// Copies record `r`'s bytes to `p` (with streaming stores where `stream` and the record
+/// is 4 KiB or more), summing its TFRecord data checksum as it copies when one was left
+/// unchecked; false when that checksum is wrong. Collation and the copy on arrival both
+/// copy through it.
+inline bool copy_record(std::byte* p, const record& r, bool stream) noexcept {
+    const std::size_t size = r.data.size();
+    const bool streamed = stream && size >= 4096;
+    if (r.unchecked_crc32c) return crc32c_mask(crc32c_copy(p, r.data.data(), size, 0, streamed)) == *r.unchecked_crc32c;
+    if (size == 0) return true;
+    if (streamed) stream_copy(p, r.data.data(), size);
+    else std::memcpy(p, r.data.data(), size);
+    return true;
+}
+
 /// One batch's copy, shared by the threads that make it: the collating worker and, for a
 /// large batch, one helper on another thread of the CPU pool. Records are claimed in
 /// blocks from one counter, so a helper that starts late takes only what is left and the
@@ -175,17 +189,8 @@ public:
 
 private:
     bool copy_one(const record& r, std::byte* p) const noexcept {
-        std::uint32_t sum = 0;
-        if (r.unchecked_crc32c) {  // TFRecord's data checksum, left here: summed as copied
-            sum = crc32c_copy(p, r.data.data(), r.data.size(), 0, stream_ && r.data.size() >= 4096);
-        } else if (r.data.empty()) {
-        } else if (stream_ && r.data.size() >= 4096) {
-            stream_copy(p, r.data.data(), r.data.size());
-        } else {
-            std::memcpy(p, r.data.data(), r.data.size());
-        }
-        if (r.data.lost()) return false;  // zeros copied
-        return !r.unchecked_crc32c || crc32c_mask(sum) == *r.unchecked_crc32c;
+        const bool checked = copy_record(p, r, stream_);  // TFRecord's data checksum, left here: summed as copied
+        return checked && !r.data.lost();                 // (lost: zeros copied)
     }
 
     record* rs_;
@@ -317,19 +322,9 @@ private:
         }
         if (used_ + size > buf_->capacity()) grow(group, std::max(buf_->capacity() + buf_->capacity() / 2, used_ + size));
         std::byte* p = buf_->data() + used_;
-        // Streaming stores, as collation's (copy_one) and under the same rule: a batch well
-        // beyond the L2 cache, where plain stores would read each of its lines before
-        // writing it.
-        const bool stream = stream_ && size >= 4096;
-        if (r.unchecked_crc32c) {
-            if (crc32c_mask(crc32c_copy(p, r.data.data(), size, 0, stream)) != *r.unchecked_crc32c) {
-                off_ = true;
-                return false;
-            }
-        } else if (stream) {
-            stream_copy(p, r.data.data(), size);
-        } else {
-            std::memcpy(p, r.data.data(), size);
+        if (!copy_record(p, r, stream_)) {  // a wrong TFRecord checksum: left to collation, which reports it
+            off_ = true;
+            return false;
         }
         r.data = bytes(buf_, p, size);
         r.unchecked_crc32c.reset();  // checked as copied

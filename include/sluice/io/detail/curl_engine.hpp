@@ -177,30 +177,14 @@ public:
     /// How many lanes (threads) this engine runs.
     std::size_t lanes() const noexcept { return lanes_.size(); }
     /// Transfers given to each lane so far (for tests and diagnostics).
-    std::vector<std::uint64_t> started() const {
-        std::vector<std::uint64_t> n;
-        for (auto& l : lanes_) n.push_back(l->started.load(std::memory_order_relaxed));
-        return n;
-    }
+    std::vector<std::uint64_t> started() const { return per_lane(&lane::started); }
     /// Transfers added to each lane and not yet finished (for tests and diagnostics).
-    std::vector<std::size_t> loads() const {
-        std::vector<std::size_t> n;
-        for (auto& l : lanes_) n.push_back(l->load.load(std::memory_order_relaxed));
-        return n;
-    }
+    std::vector<std::size_t> loads() const { return per_lane(&lane::load); }
     /// Transfers whose body a lane received directly, over all lanes (for tests and diagnostics).
-    std::uint64_t direct() const {
-        std::uint64_t n = 0;
-        for (auto& l : lanes_) n += l->direct_count.load(std::memory_order_relaxed);
-        return n;
-    }
+    std::uint64_t direct() const { return over_lanes(&lane::direct_count); }
     /// Times a directly received transfer was held because its reader was two chunks
     /// behind, over all lanes (for tests and diagnostics).
-    std::uint64_t direct_holds() const {
-        std::uint64_t n = 0;
-        for (auto& l : lanes_) n += l->direct_holds.load(std::memory_order_relaxed);
-        return n;
-    }
+    std::uint64_t direct_holds() const { return over_lanes(&lane::direct_holds); }
     /// The least body left, in bytes, that a lane receives directly: SLUICE_HTTP_DIRECT when
     /// it is a number (0: never), else 4 MiB. Always 0 with a libcurl other than 7.x from
     /// 7.88 (the one this was verified with: it buffers nothing of a plain-HTTP/1.1 body
@@ -876,6 +860,20 @@ private:
     static std::vector<CURL*>& direct_wanted() {  // this lane's, since the last take_over
         thread_local std::vector<CURL*> w;
         return w;
+    }
+
+    // One of each lane's counters, lane by lane or summed.
+    template <class T, class L = lane>
+    std::vector<T> per_lane(std::atomic<T> L::*counter) const {
+        std::vector<T> n;
+        for (auto& l : lanes_) n.push_back(((*l).*counter).load(std::memory_order_relaxed));
+        return n;
+    }
+    template <class T, class L = lane>
+    T over_lanes(std::atomic<T> L::*counter) const {
+        T n = 0;
+        for (auto& l : lanes_) n += ((*l).*counter).load(std::memory_order_relaxed);
+        return n;
     }
 
     std::vector<std::unique_ptr<lane>> lanes_;  // destroyed (each joined) with the engine
