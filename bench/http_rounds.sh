@@ -21,6 +21,9 @@
 # and the sender's queued segments go out in the receiver's softirq), so a client that
 # drains the socket in large reads is charged some of the server's sending: the sum is
 # the cost per GB that does not depend on who was charged.
+#
+# CA_FILE=PEM (an https:// BASE_URL with a certificate of one's own) is given to curl as
+# --cacert and to each probe as --ca-file: both verify the server, as a user's would.
 set -euo pipefail
 [ $# -ge 4 ] || { sed -n '2,22p' "$0" >&2; exit 2; }
 command -v perf >/dev/null || { echo "bench/http_rounds.sh: needs perf (Debian: linux-perf) for task-clock" >&2; exit 2; }
@@ -35,11 +38,13 @@ case $mode in
   big) args=(--format chunks --no-crc --json --quiet "$base/big.bin"); curlurl="$base/big.bin" ;;
   *) echo "mode: raw, raw5, tar or big" >&2; exit 2 ;;
 esac
-curls=(-s --parallel --parallel-max 64 -o /dev/null "$curlurl")
+tls=()
+if [ -n "${CA_FILE:-}" ]; then args+=(--ca-file "$CA_FILE"); tls=(--cacert "$CA_FILE"); fi
+curls=(-s "${tls[@]}" --parallel --parallel-max 64 -o /dev/null "$curlurl")
 # raw5: five epochs in one process; curl is given the URLs five times (its output, stdout,
 # goes to /dev/null): the first epoch's faults of fresh memory (sluice's batches and
 # chunks) are then a fifth of the run, as in a longer one.
-[ "$mode" = raw5 ] && curls=(-s --parallel --parallel-max 64 "$curlurl" "$curlurl" "$curlurl" "$curlurl" "$curlurl")
+[ "$mode" = raw5 ] && curls=(-s "${tls[@]}" --parallel --parallel-max 64 "$curlurl" "$curlurl" "$curlurl" "$curlurl" "$curlurl")
 out=$(mktemp); trap 'rm -f "$out"' EXIT
 server_ns() {  # the CPU time of SERVER_PIDS so far, in ns (first field of schedstat)
   local s=0 p

@@ -115,6 +115,13 @@ private:
     pid_t pid_ = -1;
 };
 
+/// 0, 1, ..., n - 1.
+inline std::vector<int> iota(int n) {
+    std::vector<int> v(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = i;
+    return v;
+}
+
 inline std::string slurp_file(const std::string& p) {
     std::ifstream f(p, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(f), {});

@@ -16,11 +16,6 @@
 #include <thread>
 
 namespace {
-std::vector<int> iota(int n) {
-    std::vector<int> v(n);
-    for (int i = 0; i < n; ++i) v[i] = i;
-    return v;
-}
 struct timer_wait {
     asio::steady_timer& t;
     bool await_ready() { return false; }
@@ -42,9 +37,9 @@ TEST_CASE("stages compose with | and by direct call, checked by type", "[stage]"
     auto to_string = sluice::map([](int x) { return std::to_string(x); });
     auto both = twice | to_string;  // a partial pipeline, stored and reused
     static_assert(std::is_same_v<decltype(both), sluice::stage<int, std::string>>);
-    REQUIRE(drain(sluice::from(iota(3)) | both) == std::vector<std::string>{"0", "2", "4"});
-    REQUIRE(drain(both(sluice::from(iota(2)))) == std::vector<std::string>{"0", "2"});
-    REQUIRE(drain(sluice::from(iota(2)) | both) == std::vector<std::string>{"0", "2"});  // reused
+    REQUIRE(drain(sluice::from(sluice_test::iota(3)) | both) == std::vector<std::string>{"0", "2", "4"});
+    REQUIRE(drain(both(sluice::from(sluice_test::iota(2)))) == std::vector<std::string>{"0", "2"});
+    REQUIRE(drain(sluice::from(sluice_test::iota(2)) | both) == std::vector<std::string>{"0", "2"});  // reused
 }
 
 TEST_CASE("a stage's setup hands its workers typed state, made once per run", "[stage]") {
@@ -66,7 +61,7 @@ TEST_CASE("a stage's setup hands its workers typed state, made once per run", "[
             }
         });
     for (int run = 1; run <= 2; ++run) {
-        auto got = drain(sluice::from(iota(50)) | counted);
+        auto got = drain(sluice::from(sluice_test::iota(50)) | counted);
         std::sort(got.begin(), got.end());
         REQUIRE(got == [] {
             std::vector<int> v;
@@ -99,7 +94,7 @@ TEST_CASE("an ordered stage with several workers keeps input order", "[stage]") 
             out.push_back(x);
             if (x % 3 == 0) out.push_back(-x);  // several outputs for one input stay together
         });
-    auto got = drain(sluice::from(iota(300)) | jittery, {.runtime = {.cpu_threads = 4}});
+    auto got = drain(sluice::from(sluice_test::iota(300)) | jittery, {.runtime = {.cpu_threads = 4}});
     std::vector<int> want;
     for (int x = 0; x < 300; ++x) {
         want.push_back(x);
@@ -115,9 +110,9 @@ TEST_CASE("an unordered stage with several workers delivers every item", "[stage
             return x;
         },
         {.concurrency = 4, .order = sluice::ordering::unordered});
-    auto got = drain(sluice::from(iota(500)) | m, {.runtime = {.cpu_threads = 4}});
+    auto got = drain(sluice::from(sluice_test::iota(500)) | m, {.runtime = {.cpu_threads = 4}});
     std::sort(got.begin(), got.end());
-    REQUIRE(got == iota(500));
+    REQUIRE(got == sluice_test::iota(500));
 }
 
 TEST_CASE("a stage runs on the executor it asks for", "[stage]") {
@@ -129,8 +124,8 @@ TEST_CASE("a stage runs on the executor it asks for", "[stage]") {
                 while (co_await ctx.in.next()) co_await ctx.out.send(on_io);
             });
     };
-    REQUIRE(drain(sluice::from(iota(1)) | where(sluice::pool::io)) == std::vector<bool>{true});
-    REQUIRE(drain(sluice::from(iota(1)) | where(sluice::pool::cpu)) == std::vector<bool>{false});
+    REQUIRE(drain(sluice::from(sluice_test::iota(1)) | where(sluice::pool::io)) == std::vector<bool>{true});
+    REQUIRE(drain(sluice::from(sluice_test::iota(1)) | where(sluice::pool::cpu)) == std::vector<bool>{false});
 }
 
 TEST_CASE("a failing stage sends its error after the items before it", "[stage]") {
@@ -142,9 +137,9 @@ TEST_CASE("a failing stage sends its error after the items before it", "[stage]"
             },
             {.concurrency = threads});
         std::vector<int> got;
-        sluice::pipeline p(sluice::from(iota(100)) | m, {.runtime = {.cpu_threads = 4}});
+        sluice::pipeline p(sluice::from(sluice_test::iota(100)) | m, {.runtime = {.cpu_threads = 4}});
         REQUIRE_THROWS_WITH([&] { for (int x : p) got.push_back(x); }(), "bad record 50");
-        REQUIRE(got == iota(50));  // ordered: every item before the failing one, none after
+        REQUIRE(got == sluice_test::iota(50));  // ordered: every item before the failing one, none after
     }
 }
 
@@ -165,7 +160,7 @@ TEST_CASE("an upstream error reaches the consumer after every item, through an o
         std::vector<int> got;
         sluice::pipeline p(failing_source | slow, {.runtime = {.cpu_threads = 4}});
         REQUIRE_THROWS_WITH([&] { for (int x : p) got.push_back(x); }(), "shard 3 truncated at byte 4096");
-        REQUIRE(got == iota(100));
+        REQUIRE(got == sluice_test::iota(100));
     }
 }
 

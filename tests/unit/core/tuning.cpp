@@ -3,6 +3,8 @@
 // settles when one does not, never climbs under throttling, and respects its ceiling.
 #include <sluice/core/detail/tuning.hpp>
 
+#include "support/test_support.hpp"
+
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -237,11 +239,6 @@ struct overlap {
     }
     void leave() { --now; }
 };
-std::vector<int> iota(int n) {
-    std::vector<int> v(n);
-    std::iota(v.begin(), v.end(), 0);
-    return v;
-}
 }  // namespace
 
 TEST_CASE("tuned, a map's workers start at one and the tuner climbs them while it pays, in order", "[tune]") {
@@ -254,11 +251,11 @@ TEST_CASE("tuned, a map's workers start at one and the tuner climbs them while i
         o.leave();
         return x;
     }, {.concurrency = 4});
-    sluice::pipeline p(sluice::from(iota(400)) | slow, {.runtime = {.cpu_threads = 4}, .tune = true});
+    sluice::pipeline p(sluice::from(sluice_test::iota(400)) | slow, {.runtime = {.cpu_threads = 4}, .tune = true});
     o.t0 = clock_type::now();
     std::vector<int> got;
     for (int x : p) got.push_back(x);
-    CHECK(got == iota(400));  // ordered map: same items, same order, tuned
+    CHECK(got == sluice_test::iota(400));  // ordered map: same items, same order, tuned
     // The tuner's first move comes after two windows (a second): until then, one worker.
     CHECK(o.most_early.load() == 1);
     CHECK(o.most.load() == 4);
@@ -282,7 +279,7 @@ TEST_CASE("tuned, a channel between stages that work in bursts gets more room, t
         if (x % 32 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
         return std::to_string(x);
     }, {.out = {1, 1u << 20}});
-    sluice::pipeline p(sluice::from(iota(1000000)) | bursty, {.tune = true});
+    sluice::pipeline p(sluice::from(sluice_test::iota(1000000)) | bursty, {.tune = true});
     auto jumped = [](const sluice::pipeline_figures& f) {
         for (auto& c : f.tuning)
             if (c.stage == "map" && c.knob == "out.items" && c.from == 1 && c.to == 16 && c.why.find("rate") == 0)
@@ -300,7 +297,7 @@ TEST_CASE("tuned, a channel between stages that work in bursts gets more room, t
     }
     p.stop();
     REQUIRE(got.size() > 100);
-    const auto all = iota(1000000);
+    const auto all = sluice_test::iota(1000000);
     CHECK(got == std::vector<int>(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(got.size())));  // in order, none lost
     const auto f = p.figures();
     std::string text;
@@ -316,7 +313,7 @@ TEST_CASE("tuned, a channel between stages that work in bursts gets more room, t
 
     // The same stages passing ints: a byte limit cannot bound them (an int does not say its
     // bytes), so their channel is not offered.
-    sluice::pipeline q(sluice::from(iota(100)) | sluice::map([](int x) { return x; }, {.out = {1, 1u << 20}}),
+    sluice::pipeline q(sluice::from(sluice_test::iota(100)) | sluice::map([](int x) { return x; }, {.out = {1, 1u << 20}}),
                        {.tune = true});
     for (int x : q) (void)x;
     CHECK(q.figures().tuning.empty());
@@ -328,10 +325,10 @@ TEST_CASE("gated workers end with the input, with an error, and with a stop", "[
         return x;
     };
     SECTION("the end of the input: the gated workers see it too") {
-        sluice::pipeline p(sluice::from(iota(30)) | sluice::map(ident, {.concurrency = 8}), {.tune = true});
+        sluice::pipeline p(sluice::from(sluice_test::iota(30)) | sluice::map(ident, {.concurrency = 8}), {.tune = true});
         std::vector<int> got;
         for (int x : p) got.push_back(x);
-        CHECK(got == iota(30));
+        CHECK(got == sluice_test::iota(30));
         const auto f = p.figures();
         REQUIRE(f.tuned.size() == 1);
         CHECK(f.tuned[0].value == 1);  // over before the tuner's first move
@@ -341,7 +338,7 @@ TEST_CASE("gated workers end with the input, with an error, and with a stop", "[
             if (x == 20) throw std::runtime_error("item 20 is bad");
             return x;
         }, {.concurrency = 8});
-        sluice::pipeline p(sluice::from(iota(100)) | failing, {.tune = true});
+        sluice::pipeline p(sluice::from(sluice_test::iota(100)) | failing, {.tune = true});
         std::vector<int> got;
         std::string what;
         try {
@@ -350,7 +347,7 @@ TEST_CASE("gated workers end with the input, with an error, and with a stop", "[
             what = e.what();
         }
         CHECK(what.find("item 20 is bad") != std::string::npos);
-        CHECK(got == iota(20));
+        CHECK(got == sluice_test::iota(20));
     }
     SECTION("a stop while seven of eight wait at the gate") {
         std::vector<int> many(100000, 1);
@@ -378,10 +375,10 @@ TEST_CASE("the tuner tells two stages of the same name apart: it climbs the one 
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
         return x;
     }, {.concurrency = 4});  // also named "map"
-    sluice::pipeline p(sluice::from(iota(300)) | fast | slow, {.runtime = {.cpu_threads = 4}, .tune = true});
+    sluice::pipeline p(sluice::from(sluice_test::iota(300)) | fast | slow, {.runtime = {.cpu_threads = 4}, .tune = true});
     std::vector<int> got;
     for (int x : p) got.push_back(x);
-    CHECK(got == iota(300));
+    CHECK(got == sluice_test::iota(300));
     const auto f = p.figures();
     REQUIRE(f.tuned.size() == 2);  // in the order of the stages
     CHECK(f.tuned[0].stage == "map");

@@ -9,7 +9,7 @@
 
 namespace {
 // Cut `text` into chunks of the given sizes (cycled) from one shard.
-std::vector<sluice::chunk> cut(const std::string& text, const std::vector<std::size_t>& sizes, const std::string& url = "f") {
+std::vector<sluice::chunk> cut_shared(const std::string& text, const std::vector<std::size_t>& sizes, const std::string& url = "f") {
     auto s = std::make_shared<const sluice::shard>(sluice::shard{url, 0, 0});
     std::vector<sluice::chunk> out;
     std::size_t off = 0, k = 0;
@@ -30,9 +30,9 @@ using V = std::vector<std::string>;
 }  // namespace
 
 TEST_CASE("one record per line, terminators dropped, last line without newline kept", "[lines]") {
-    REQUIRE(decode(cut("a\nbb\r\n\nccc", {100})) == V{"a", "bb", "", "ccc"});
-    REQUIRE(decode(cut("a\nb\n", {100})) == V{"a", "b"});
-    REQUIRE(decode(cut("", {100})) == V{});
+    REQUIRE(decode(cut_shared("a\nbb\r\n\nccc", {100})) == V{"a", "bb", "", "ccc"});
+    REQUIRE(decode(cut_shared("a\nb\n", {100})) == V{"a", "b"});
+    REQUIRE(decode(cut_shared("", {100})) == V{});
 }
 
 TEST_CASE("lines cut by chunk boundaries are the same at every chunk size", "[lines][streaming]") {
@@ -49,17 +49,17 @@ TEST_CASE("lines cut by chunk boundaries are the same at every chunk size", "[li
     }
     for (std::size_t size : {1, 2, 3, 7, 64, 1000, 100000}) {
         INFO("chunk size " << size);
-        REQUIRE(decode(cut(text, {size})) == want);
+        REQUIRE(decode(cut_shared(text, {size})) == want);
     }
     for (int t = 0; t < 20; ++t) {
         std::vector<std::size_t> sizes;
         for (int k = 0; k < 16; ++k) sizes.push_back(1 + r.below(500));
-        REQUIRE(decode(cut(text, sizes)) == want);
+        REQUIRE(decode(cut_shared(text, sizes)) == want);
     }
 }
 
 TEST_CASE("records inside a chunk are slices of it, offsets and indices are exact", "[lines]") {
-    auto chunks = cut("alpha\nbeta\ngamma\n", {8});
+    auto chunks = cut_shared("alpha\nbeta\ngamma\n", {8});
     const auto* first_chunk = chunks[0].data.data();
     std::vector<sluice::record> rs;
     for (auto& r : sluice::pipeline(sluice::from(std::move(chunks)) | sluice::lines())) rs.push_back(r);
@@ -73,7 +73,7 @@ TEST_CASE("records inside a chunk are slices of it, offsets and indices are exac
 }
 
 TEST_CASE("chunks of several files may interleave", "[lines]") {
-    auto a = cut("a1\na2\na3\n", {4}, "A"), b = cut("b1\nb2\n", {4}, "B");
+    auto a = cut_shared("a1\na2\na3\n", {4}, "A"), b = cut_shared("b1\nb2\n", {4}, "B");
     std::vector<sluice::chunk> mixed;
     for (std::size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
         if (i < a.size()) mixed.push_back(a[i]);
@@ -113,7 +113,7 @@ TEST_CASE("lines: a line over max_record_bytes is an error naming shard, offset 
     const std::string text = "ok\n" + std::string(5000, 'x') + "\nafter\n" + std::string(20, 'y') + "\nlast";
     for (std::size_t size : {1, 7, 300, 100000}) {
         INFO("chunk size " << size);
-        auto e = decode_limited(cut(text, {size}, "long.jsonl"), {.gzip = sluice::compression::none, .max_record_bytes = 1000});
+        auto e = decode_limited(cut_shared(text, {size}, "long.jsonl"), {.gzip = sluice::compression::none, .max_record_bytes = 1000});
         REQUIRE(e.lines == V{"ok"});
         REQUIRE(e.error ==
                 "sluice: line over the limit of 1000 bytes (raise it with max_record_bytes) in 'long.jsonl' at byte 3");
@@ -127,7 +127,7 @@ TEST_CASE("lines: under skip a line over max_record_bytes is counted and the nex
     std::vector<sluice::source_error> seen;
     for (std::size_t size : {1, 7, 300, 100000}) {
         INFO("chunk size " << size);
-        auto s = decode_limited(cut(text, {size}, "long.jsonl"), {.on_corrupt = sluice::on_corrupt::skip,
+        auto s = decode_limited(cut_shared(text, {size}, "long.jsonl"), {.on_corrupt = sluice::on_corrupt::skip,
                                                                   .max_record_bytes = 1000,
                                                                   .on_skip = [&](const sluice::source_error& e) { seen.push_back(e); }});
         REQUIRE(s.error.empty());
@@ -142,7 +142,7 @@ TEST_CASE("lines: under skip a line over max_record_bytes is counted and the nex
     REQUIRE(seen[0].url() == "long.jsonl");
     // Skipped lines keep their index: the next lines keep their line numbers.
     std::vector<sluice::record> rs;
-    for (auto& r : sluice::pipeline(sluice::from(cut(text, {64})) |
+    for (auto& r : sluice::pipeline(sluice::from(cut_shared(text, {64})) |
                                     sluice::lines({.on_corrupt = sluice::on_corrupt::skip, .max_record_bytes = 1000})))
         rs.push_back(r);
     REQUIRE(rs.size() == 3);
@@ -153,7 +153,7 @@ TEST_CASE("lines: under skip a line over max_record_bytes is counted and the nex
 
 TEST_CASE("lines: a line cut by chunk boundaries is held once and shows in held_bytes", "[lines][limit]") {
     const std::string line(10'000, 'q');
-    auto r = decode_limited(cut(line + "\nz\n", {1000}), {});
+    auto r = decode_limited(cut_shared(line + "\nz\n", {1000}), {});
     REQUIRE(r.error.empty());
     REQUIRE(r.lines == V{line, "z"});
     REQUIRE(r.held_peak == 10'000);
@@ -162,11 +162,11 @@ TEST_CASE("lines: a line cut by chunk boundaries is held once and shows in held_
 
 TEST_CASE("lines: gzip'd lines over the limit count uncompressed offsets", "[lines][gzip][limit]") {
     const std::string text = "a\n" + std::string(3000, 'x') + "\nb\n";
-    auto e = decode_limited(cut(sluice_test::gzip(text), {100}, "t.jsonl.gz"), {.max_record_bytes = 100});
+    auto e = decode_limited(cut_shared(sluice_test::gzip(text), {100}, "t.jsonl.gz"), {.max_record_bytes = 100});
     REQUIRE(e.lines == V{"a"});
     REQUIRE(e.error == "sluice: line over the limit of 100 bytes (raise it with max_record_bytes) in 't.jsonl.gz' at "
                        "byte 2 of the uncompressed stream");
-    auto s = decode_limited(cut(sluice_test::gzip(text), {100}, "t.jsonl.gz"),
+    auto s = decode_limited(cut_shared(sluice_test::gzip(text), {100}, "t.jsonl.gz"),
                             {.on_corrupt = sluice::on_corrupt::skip, .max_record_bytes = 100});
     REQUIRE(s.lines == V{"a", "b"});
     REQUIRE(s.corrupt == 1);

@@ -13,7 +13,7 @@
 #include <sstream>
 
 using sluice_test::cut;
-using P = sluice::detail::tar_parser;
+using tar_p = sluice::detail::tar_parser;
 
 namespace {
 // Archives written by Python's tarfile in its three formats, with what each regular file
@@ -105,15 +105,15 @@ TEST_CASE("tar: archives written by Python's tarfile (USTAR, GNU, PAX) at every 
         REQUIRE(want.size() == 44 + (fmt == "ustar" ? 0 : 1));
         const std::string file = slurp(a.dir / (fmt + ".tar"));
         for (int t = 0; t < 6; ++t) {
-            auto p = sluice_test::parse_chunks<P, sluice::record>(cut(file, sluice_test::random_sizes(r, 1u << 20)));
+            auto p = sluice_test::parse_chunks<tar_p, sluice::record>(cut(file, sluice_test::random_sizes(r, 1u << 20)));
             REQUIRE(p.error.empty());
             REQUIRE(members(p.out) == want);
             REQUIRE(p.slices_of_chunks);
         }
-        auto bytewise = sluice_test::parse_chunks<P, sluice::record>(cut(file, {1}));
+        auto bytewise = sluice_test::parse_chunks<tar_p, sluice::record>(cut(file, {1}));
         REQUIRE(members(bytewise.out) == want);
         // The same archive gzip'd by Python, through the inflater.
-        auto gz = sluice_test::parse_chunks<P, sluice::record>(cut(slurp(a.dir / (fmt + ".tar.gz")), {1000}, "a.tar.gz"),
+        auto gz = sluice_test::parse_chunks<tar_p, sluice::record>(cut(slurp(a.dir / (fmt + ".tar.gz")), {1000}, "a.tar.gz"),
                                                                {.gunzip = true});
         REQUIRE(gz.error.empty());
         REQUIRE(members(gz.out) == want);
@@ -181,10 +181,10 @@ TEST_CASE("tar: bad header checksums, garbage, truncation, data after the end", 
     {
         std::string bad = t;
         bad[at[4] + 3] ^= 1;  // the name of member 4: the checksum no longer holds
-        auto e = sluice_test::parse_chunks<P, sluice::record>(cut(bad, {333}, "b.tar"));
+        auto e = sluice_test::parse_chunks<tar_p, sluice::record>(cut(bad, {333}, "b.tar"));
         REQUIRE(e.error == "sluice: bad tar header checksum in 'b.tar' at byte " + std::to_string(at[4]));
         REQUIRE(e.out.size() == 4);
-        auto s = sluice_test::parse_chunks<P, sluice::record>(cut(bad, {333}), {.corrupt = sluice::on_corrupt::skip});
+        auto s = sluice_test::parse_chunks<tar_p, sluice::record>(cut(bad, {333}), {.corrupt = sluice::on_corrupt::skip});
         REQUIRE(s.error.empty());
         REQUIRE(s.skipped == 1);
         REQUIRE(s.out.size() == 9);
@@ -197,35 +197,35 @@ TEST_CASE("tar: bad header checksums, garbage, truncation, data after the end", 
         unsigned sum = 0;
         for (int i = 0; i < 512; ++i) sum += static_cast<unsigned char>(bad[at[2] + static_cast<std::size_t>(i)]);
         std::snprintf(&bad[at[2] + 148], 8, "%06o", sum);
-        auto e = sluice_test::parse_chunks<P, sluice::record>(cut(bad, {512}, "s.tar"));
+        auto e = sluice_test::parse_chunks<tar_p, sluice::record>(cut(bad, {512}, "s.tar"));
         REQUIRE(e.error == "sluice: bad tar header (size field) in 's.tar' at byte " + std::to_string(at[2]));
     }
     for (std::size_t keep : {at[9] + 100, at[9] + 512, at[9] + 600}) {
         INFO("kept " << keep);
-        auto e = sluice_test::parse_chunks<P, sluice::record>(cut(t.substr(0, keep), {100}, "t.tar"));
+        auto e = sluice_test::parse_chunks<tar_p, sluice::record>(cut(t.substr(0, keep), {100}, "t.tar"));
         REQUIRE(e.error.starts_with("sluice: truncated tar archive"));
         REQUIRE(e.error.ends_with("in 't.tar' at byte " + std::to_string(at[9])));
         REQUIRE(e.out.size() == 9);
     }
     {
         // Cut at a member boundary without the end marker: every member is whole.
-        auto p = sluice_test::parse_chunks<P, sluice::record>(cut(t.substr(0, end), {100}));
+        auto p = sluice_test::parse_chunks<tar_p, sluice::record>(cut(t.substr(0, end), {100}));
         REQUIRE(p.error.empty());
         REQUIRE(p.out.size() == 10);
     }
     {
         std::string after = t;
         sluice::append_tar_file(after, "late.txt", "late");
-        auto e = sluice_test::parse_chunks<P, sluice::record>(cut(after, {1000}, "a.tar"));
+        auto e = sluice_test::parse_chunks<tar_p, sluice::record>(cut(after, {1000}, "a.tar"));
         REQUIRE(e.error == "sluice: tar member after the end-of-archive marker in 'a.tar' at byte " + std::to_string(end + 1024));
-        auto s = sluice_test::parse_chunks<P, sluice::record>(cut(after, {1000}), {.corrupt = sluice::on_corrupt::skip});
+        auto s = sluice_test::parse_chunks<tar_p, sluice::record>(cut(after, {1000}), {.corrupt = sluice::on_corrupt::skip});
         REQUIRE(s.out.size() == 11);  // nothing lost
         REQUIRE(s.skipped == 1);
     }
     std::string garbage(4096, '\0');
     sluice::detail::rng r(3);
     for (auto& c : garbage) c = static_cast<char>(r.next());
-    auto g = sluice_test::parse_chunks<P, sluice::record>(cut(garbage, {1000}, "g.tar"));
+    auto g = sluice_test::parse_chunks<tar_p, sluice::record>(cut(garbage, {1000}, "g.tar"));
     REQUIRE(g.error == "sluice: bad tar header checksum in 'g.tar' at byte 0");
 }
 
@@ -265,13 +265,13 @@ TEST_CASE("tar: pax size and path override the header, base-256 sizes", "[tar]")
     t += b + "abc";
     sluice::detail::tar_pad(t);
     sluice::end_tar(t);
-    auto p = sluice_test::parse_chunks<P, sluice::record>(cut(t, {100}));
+    auto p = sluice_test::parse_chunks<tar_p, sluice::record>(cut(t, {100}));
     REQUIRE(p.error.empty());
     REQUIRE(members(p.out) == std::vector<member>{{"pax/name", 5, crc32_z(0, reinterpret_cast<const Bytef*>("hello"), 5)},
                                                   {"b256.txt", 3, crc32_z(0, reinterpret_cast<const Bytef*>("abc"), 3)}});
     std::string bad = t;
     bad.replace(512, 2, "99");  // the pax record's length no longer fits
-    auto e = sluice_test::parse_chunks<P, sluice::record>(cut(bad, {100}, "p.tar"));
+    auto e = sluice_test::parse_chunks<tar_p, sluice::record>(cut(bad, {100}, "p.tar"));
     REQUIRE(e.error == "sluice: bad pax extended header in 'p.tar' at byte 0");
 }
 
@@ -283,10 +283,10 @@ TEST_CASE("tar: a shard cut inside padding or a skipped member names that member
     t += std::string(5000, 'x');
     sluice::detail::tar_pad(t);
     sluice::end_tar(t);
-    auto pad = sluice_test::parse_chunks<P, sluice::record>(cut(t.substr(0, 512 + 100), {64}, "p.tar"));
+    auto pad = sluice_test::parse_chunks<tar_p, sluice::record>(cut(t.substr(0, 512 + 100), {64}, "p.tar"));
     REQUIRE(pad.error == "sluice: truncated tar archive (the shard ends inside the data or padding of member 'a.txt') in 'p.tar' at byte 0");
     REQUIRE(pad.out.size() == 1);  // its data was whole
-    auto skipped = sluice_test::parse_chunks<P, sluice::record>(cut(t.substr(0, dir_at + 512 + 1000), {64}, "s.tar"));
+    auto skipped = sluice_test::parse_chunks<tar_p, sluice::record>(cut(t.substr(0, dir_at + 512 + 1000), {64}, "s.tar"));
     REQUIRE(skipped.error == "sluice: truncated tar archive (the shard ends inside the data or padding of member 'big-link') in 's.tar' at byte " +
                                  std::to_string(dir_at));
 }
@@ -304,7 +304,7 @@ TEST_CASE("tar.gz under skip: a broken member loses what it held, the next membe
     gz[first + 10] = 0x07;  // the second member's first deflate block: an invalid block type
     for (std::size_t size : {1ul, 100ul, 1ul << 20}) {
         INFO("chunk size " << size);
-        auto p = sluice_test::parse_chunks<P, sluice::record>(cut(gz, {size}, "x.tar.gz"),
+        auto p = sluice_test::parse_chunks<tar_p, sluice::record>(cut(gz, {size}, "x.tar.gz"),
                                                               {.corrupt = sluice::on_corrupt::skip, .gunzip = true});
         REQUIRE(p.error.empty());
         REQUIRE(members(p.out).size() == 2);
@@ -321,7 +321,7 @@ TEST_CASE("tar.gz under skip: a broken member loses what it held, the next membe
     after[0].offset = files[0].size() + 700;
     after[0].gap = true;
     chunks.push_back(std::move(after[0]));
-    auto g = sluice_test::parse_chunks<P, sluice::record>(std::move(chunks));
+    auto g = sluice_test::parse_chunks<tar_p, sluice::record>(std::move(chunks));
     REQUIRE(g.error.empty());
     REQUIRE(g.out.size() == 2);
     REQUIRE(g.out[1].name == "f2.txt");
@@ -359,11 +359,11 @@ TEST_CASE("tar: a member over max_record_bytes is an error naming shard, offset 
     sluice::end_tar(t);
     for (std::size_t size : {1, 100, 512, 100000}) {
         INFO("chunk size " << size);
-        auto e = sluice_test::parse_chunks<P, sluice::record>(cut(t, {size}, "m.tar"), {.max_record_bytes = 1000});
+        auto e = sluice_test::parse_chunks<tar_p, sluice::record>(cut(t, {size}, "m.tar"), {.max_record_bytes = 1000});
         REQUIRE(sluice_test::strings(e.out) == std::vector<std::string>{"small"});
         REQUIRE(e.error == "sluice: tar member 'b.bin' of 5000 bytes over the limit of 1000 bytes (raise it with "
                            "max_record_bytes) in 'm.tar' at byte " + std::to_string(big_at));
-        auto s = sluice_test::parse_chunks<P, sluice::record>(cut(t, {size}, "m.tar"),
+        auto s = sluice_test::parse_chunks<tar_p, sluice::record>(cut(t, {size}, "m.tar"),
                                                               {.corrupt = sluice::on_corrupt::skip, .max_record_bytes = 1000});
         REQUIRE(s.error.empty());
         REQUIRE(s.skipped == 1);
@@ -377,7 +377,7 @@ TEST_CASE("tar: a member cut by chunk boundaries shows in held_bytes while it is
     std::string t;
     sluice::append_tar_file(t, "a.bin", std::string(3000, 'a'));
     sluice::end_tar(t);
-    auto r = sluice_test::parse_chunks<P, sluice::record>(cut(t, {700}));
+    auto r = sluice_test::parse_chunks<tar_p, sluice::record>(cut(t, {700}));
     REQUIRE(r.out.size() == 1);
     REQUIRE(r.held_peak >= 2000);
     REQUIRE(r.held_peak <= 3000);

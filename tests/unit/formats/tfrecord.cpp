@@ -15,10 +15,10 @@
 
 using sluice_test::cut;
 using sluice_test::strings;
-using P = sluice::detail::tfrecord_parser;
+using tfrecord_p = sluice::detail::tfrecord_parser;
 
 namespace {
-std::vector<std::string> records(sluice::detail::rng& r, int n, std::size_t max) {
+std::vector<std::string> tfrecords(sluice::detail::rng& r, int n, std::size_t max) {
     std::vector<std::string> v;
     for (int i = 0; i < n; ++i) {
         std::string s(r.below(max + 1), '\0');
@@ -27,7 +27,7 @@ std::vector<std::string> records(sluice::detail::rng& r, int n, std::size_t max)
     }
     return v;
 }
-std::string file_of(const std::vector<std::string>& rs) {
+std::string tfrecord_file(const std::vector<std::string>& rs) {
     std::string f;
     for (auto& s : rs) sluice::append_tfrecord(f, s);
     return f;
@@ -52,12 +52,12 @@ TEST_CASE("tfrecord: records, offsets and indices, the same at every chunk size"
     INFO("seed " << seed);
     sluice::detail::rng r(seed);
     // 8 MiB of records from empty to 300 KiB, cut from 1 byte up to 4 MiB.
-    std::vector<std::string> want = records(r, 40, 300 << 10);
-    for (auto& s : records(r, 200, 64)) want.push_back(s);
-    const std::string file = file_of(want);
+    std::vector<std::string> want = tfrecords(r, 40, 300 << 10);
+    for (auto& s : tfrecords(r, 200, 64)) want.push_back(s);
+    const std::string file = tfrecord_file(want);
     for (int t = 0; t < 12; ++t) {
         const auto sizes = sluice_test::random_sizes(r, 4u << 20);
-        auto p = sluice_test::parse_chunks<P, sluice::record>(cut(file, sizes), {.data_at = 12});
+        auto p = sluice_test::parse_chunks<tfrecord_p, sluice::record>(cut(file, sizes), {.data_at = 12});
         REQUIRE(p.error.empty());
         REQUIRE(strings(p.out) == want);
         REQUIRE(p.slices_of_chunks);
@@ -68,16 +68,16 @@ TEST_CASE("tfrecord: records, offsets and indices, the same at every chunk size"
     }
     // One byte at a time, on a smaller file.
     std::vector<std::string> small(want.end() - 100, want.end());
-    auto p = sluice_test::parse_chunks<P, sluice::record>(cut(file_of(small), {1}));
+    auto p = sluice_test::parse_chunks<tfrecord_p, sluice::record>(cut(tfrecord_file(small), {1}));
     REQUIRE(p.error.empty());
     REQUIRE(strings(p.out) == small);
 }
 
 TEST_CASE("tfrecord: records inside one chunk are slices of it", "[tfrecord]") {
     const std::vector<std::string> want = {"alpha", "beta", "", "gamma"};
-    auto chunks = cut(file_of(want), {1 << 20});
+    auto chunks = cut(tfrecord_file(want), {1 << 20});
     const std::byte* base = chunks[0].data.data();
-    auto p = sluice_test::parse_chunks<P, sluice::record>(std::move(chunks));
+    auto p = sluice_test::parse_chunks<tfrecord_p, sluice::record>(std::move(chunks));
     REQUIRE(strings(p.out) == want);
     REQUIRE(p.out[0].data.data() == base + 12);
     REQUIRE(p.out[1].data.data() == base + 16 + 5 + 12);
@@ -85,20 +85,20 @@ TEST_CASE("tfrecord: records inside one chunk are slices of it", "[tfrecord]") {
 
 TEST_CASE("tfrecord: a bad data checksum is an error naming shard and offset, or skipped", "[tfrecord][corrupt]") {
     const std::vector<std::string> want = {"one", "two", "three", "four"};
-    std::string file = file_of(want);
+    std::string file = tfrecord_file(want);
     const auto at = offset_of(want, 2);
     file[at + 12 + 1] ^= 0x20;  // "three" -> "tHree"
-    auto e = sluice_test::parse_chunks<P, sluice::record>(cut(file, {7}, "d/x.tfrecord"));
+    auto e = sluice_test::parse_chunks<tfrecord_p, sluice::record>(cut(file, {7}, "d/x.tfrecord"));
     REQUIRE(e.error == "sluice: bad TFRecord data checksum (record 2) in 'd/x.tfrecord' at byte " + std::to_string(at));
     REQUIRE(strings(e.out) == std::vector<std::string>{"one", "two"});  // what came before is kept
 
-    auto s = sluice_test::parse_chunks<P, sluice::record>(cut(file, {7}), {.corrupt = sluice::on_corrupt::skip});
+    auto s = sluice_test::parse_chunks<tfrecord_p, sluice::record>(cut(file, {7}), {.corrupt = sluice::on_corrupt::skip});
     REQUIRE(s.error.empty());
     REQUIRE(s.skipped == 1);
     REQUIRE(strings(s.out) == std::vector<std::string>{"one", "two", "four"});
     REQUIRE(s.out[2].index == 3);
 
-    auto unchecked = sluice_test::parse_chunks<P, sluice::record>(cut(file, {7}), {.verify = false});
+    auto unchecked = sluice_test::parse_chunks<tfrecord_p, sluice::record>(cut(file, {7}), {.verify = false});
     REQUIRE(unchecked.error.empty());
     REQUIRE(strings(unchecked.out) == std::vector<std::string>{"one", "two", "tHree", "four"});
 }
@@ -106,14 +106,14 @@ TEST_CASE("tfrecord: a bad data checksum is an error naming shard and offset, or
 TEST_CASE("tfrecord: a bad length checksum is an error, skipping finds the next record", "[tfrecord][corrupt]") {
     std::vector<std::string> want;
     for (int i = 0; i < 50; ++i) want.push_back("record " + std::to_string(i) + std::string(static_cast<std::size_t>(i * 37), 'x'));
-    std::string file = file_of(want);
+    std::string file = tfrecord_file(want);
     const auto at = offset_of(want, 10);
     file[at + 2] ^= 1;  // the length field of record 10
-    auto e = sluice_test::parse_chunks<P, sluice::record>(cut(file, {4096}, "x.tfrecord"));
+    auto e = sluice_test::parse_chunks<tfrecord_p, sluice::record>(cut(file, {4096}, "x.tfrecord"));
     REQUIRE(e.error == "sluice: bad TFRecord length checksum in 'x.tfrecord' at byte " + std::to_string(at));
     REQUIRE(e.out.size() == 10);
     for (std::size_t size : {1ul, 13ul, 4096ul}) {
-        auto s = sluice_test::parse_chunks<P, sluice::record>(cut(file, {size}), {.corrupt = sluice::on_corrupt::skip});
+        auto s = sluice_test::parse_chunks<tfrecord_p, sluice::record>(cut(file, {size}), {.corrupt = sluice::on_corrupt::skip});
         INFO("chunk size " << size);
         REQUIRE(s.error.empty());
         REQUIRE(s.skipped == 1);
@@ -125,15 +125,15 @@ TEST_CASE("tfrecord: a bad length checksum is an error, skipping finds the next 
 
 TEST_CASE("tfrecord: truncated files and garbage", "[tfrecord][corrupt]") {
     const std::vector<std::string> want = {"first", "second record", "third"};
-    const std::string file = file_of(want);
+    const std::string file = tfrecord_file(want);
     const auto at = offset_of(want, 2);
     for (std::size_t keep : {at + 3, at + 12, at + 14, file.size() - 1}) {
         INFO("kept " << keep << " bytes");
-        auto e = sluice_test::parse_chunks<P, sluice::record>(cut(file.substr(0, keep), {5}, "t.tfrecord"));
+        auto e = sluice_test::parse_chunks<tfrecord_p, sluice::record>(cut(file.substr(0, keep), {5}, "t.tfrecord"));
         REQUIRE(e.error == "sluice: truncated TFRecord (the shard ends inside a record) in 't.tfrecord' at byte " +
                                std::to_string(at));
         REQUIRE(strings(e.out) == std::vector<std::string>{"first", "second record"});
-        auto s = sluice_test::parse_chunks<P, sluice::record>(cut(file.substr(0, keep), {5}),
+        auto s = sluice_test::parse_chunks<tfrecord_p, sluice::record>(cut(file.substr(0, keep), {5}),
                                                               {.corrupt = sluice::on_corrupt::skip});
         REQUIRE(s.skipped == 1);
         REQUIRE(s.out.size() == 2);
@@ -141,9 +141,9 @@ TEST_CASE("tfrecord: truncated files and garbage", "[tfrecord][corrupt]") {
     std::string garbage(5000, '\0');
     sluice::detail::rng r(7);
     for (auto& c : garbage) c = static_cast<char>(r.next());
-    auto g = sluice_test::parse_chunks<P, sluice::record>(cut(garbage, {100}, "g"));
+    auto g = sluice_test::parse_chunks<tfrecord_p, sluice::record>(cut(garbage, {100}, "g"));
     REQUIRE(g.error == "sluice: bad TFRecord length checksum in 'g' at byte 0");
-    auto gs = sluice_test::parse_chunks<P, sluice::record>(cut(garbage, {100}), {.corrupt = sluice::on_corrupt::skip});
+    auto gs = sluice_test::parse_chunks<tfrecord_p, sluice::record>(cut(garbage, {100}), {.corrupt = sluice::on_corrupt::skip});
     REQUIRE(gs.error.empty());
     REQUIRE(gs.skipped == 1);
     REQUIRE(gs.out.empty());
@@ -151,15 +151,15 @@ TEST_CASE("tfrecord: truncated files and garbage", "[tfrecord][corrupt]") {
     std::string huge;
     sluice::detail::put_le(huge, std::uint64_t{1} << 40, 8);
     huge += std::string(100, 'z');
-    auto h = sluice_test::parse_chunks<P, sluice::record>(cut(huge, {50}, "h"), {.verify = false, .max_record_bytes = 1 << 20});
+    auto h = sluice_test::parse_chunks<tfrecord_p, sluice::record>(cut(huge, {50}, "h"), {.verify = false, .max_record_bytes = 1 << 20});
     REQUIRE(h.error == "sluice: TFRecord length 1099511627776 over the limit of 1048576 bytes (raise it with max_record_bytes) in 'h' at byte 0");
 }
 
 TEST_CASE("tfrecord stage: gzip'd shards inflate on their own, skip counts in the stage's stats", "[tfrecord][gzip]") {
     const std::vector<std::string> want = {"a", "bb", "ccc", "dddd"};
-    std::string bad = file_of(want);
+    std::string bad = tfrecord_file(want);
     bad[offset_of(want, 1) + 12] ^= 1;
-    auto chunks = cut(sluice_test::gzip(file_of(want)), {3}, "x.tfrecord.gz");
+    auto chunks = cut(sluice_test::gzip(tfrecord_file(want)), {3}, "x.tfrecord.gz");
     for (auto& c : cut(bad, {1000}, "y.tfrecord")) chunks.push_back(std::move(c));
     std::vector<std::string> got;
     sluice::pipeline p(sluice::from(std::move(chunks)) | sluice::tfrecord({.on_corrupt = sluice::on_corrupt::skip}));
@@ -174,7 +174,7 @@ TEST_CASE("tfrecord stage: gzip'd shards inflate on their own, skip counts in th
 }
 
 TEST_CASE("tfrecord stage: an error reaches the consumer after the records before it", "[tfrecord][corrupt]") {
-    std::string file = file_of({"good", "bad!"});
+    std::string file = tfrecord_file({"good", "bad!"});
     file[16 + 4 + 12] ^= 1;
     sluice::pipeline p(sluice::from(cut(file, {1 << 20}, "z.tfrecord")) | sluice::tfrecord());
     REQUIRE(p.next_blocking());
@@ -183,10 +183,10 @@ TEST_CASE("tfrecord stage: an error reaches the consumer after the records befor
 
 TEST_CASE("tfrecord: a sound length over the limit skips that record whole", "[tfrecord][corrupt]") {
     const std::vector<std::string> want = {"small", std::string(5000, 'B'), "after"};
-    const std::string file = file_of(want);
-    auto e = sluice_test::parse_chunks<P, sluice::record>(cut(file, {300}, "l"), {.max_record_bytes = 1000});
+    const std::string file = tfrecord_file(want);
+    auto e = sluice_test::parse_chunks<tfrecord_p, sluice::record>(cut(file, {300}, "l"), {.max_record_bytes = 1000});
     REQUIRE(e.error == "sluice: TFRecord length 5000 over the limit of 1000 bytes (raise it with max_record_bytes) in 'l' at byte 21");
-    auto s = sluice_test::parse_chunks<P, sluice::record>(cut(file, {300}),
+    auto s = sluice_test::parse_chunks<tfrecord_p, sluice::record>(cut(file, {300}),
                                                           {.corrupt = sluice::on_corrupt::skip, .max_record_bytes = 1000});
     REQUIRE(s.error.empty());
     REQUIRE(s.skipped == 1);
@@ -198,9 +198,9 @@ TEST_CASE("tfrecord: a sound length over the limit skips that record whole", "[t
 TEST_CASE("tfrecord + batch: the data checksum is checked as batch copies, with shuffles between or not, "
           "and by the parser where a stage between reads the records", "[tfrecord][batch][corrupt]") {
     sluice::detail::rng r(sluice_test::test_seed());
-    std::vector<std::string> want = records(r, 40, 30000);
+    std::vector<std::string> want = tfrecords(r, 40, 30000);
     want[7] = std::string(20000, 'x');  // long enough for the three-chain path
-    const std::string file = file_of(want);
+    const std::string file = tfrecord_file(want);
     // 0: tfrecord | batch, 1: | shuffle | batch, 2: | map | batch, 3: | batch on two
     // workers, 4: | shuffle | map | batch, 5: gzip'd shard | batch
     auto run = [&](std::string f, int how) {
@@ -259,7 +259,7 @@ TEST_CASE("tfrecord + batch: the data checksum is checked as batch copies, with 
 TEST_CASE("tfrecord + batch: a corrupt record in a partial batch that drop_last drops is still an error",
           "[tfrecord][batch][corrupt]") {
     const std::vector<std::string> want = {"r0", "r1", "r2", "r3", "r4", "r5", "r6"};
-    std::string f = file_of(want);
+    std::string f = tfrecord_file(want);
     f[offset_of(want, 6) + 12] ^= 1;  // in the last group of 3, which is dropped
     sluice::pipeline p(sluice::from(cut(f, {1 << 20}, "t.tfrecord")) | sluice::tfrecord() |
                        sluice::batch({.size = 4, .drop_last = true}));
@@ -268,7 +268,7 @@ TEST_CASE("tfrecord + batch: a corrupt record in a partial batch that drop_last 
                                                std::to_string(offset_of(want, 6)));
     REQUIRE(tfrecord_counter(p, "checks_deferred") == want.size());
     // Sound, the same pipeline gives one batch and ends.
-    sluice::pipeline q(sluice::from(cut(file_of(want), {1 << 20}, "t.tfrecord")) | sluice::tfrecord() |
+    sluice::pipeline q(sluice::from(cut(tfrecord_file(want), {1 << 20}, "t.tfrecord")) | sluice::tfrecord() |
                        sluice::batch({.size = 4, .drop_last = true}));
     REQUIRE(q.next_blocking());
     REQUIRE(!q.next_blocking());
@@ -277,9 +277,9 @@ TEST_CASE("tfrecord + batch: a corrupt record in a partial batch that drop_last 
 TEST_CASE("tfrecord + batch: batches of several MiB (streaming stores) hold the records byte for byte",
           "[tfrecord][batch]") {
     sluice::detail::rng r(sluice_test::test_seed());
-    std::vector<std::string> want = records(r, 200, 100000);  // batches of 64: about 3 MiB on average, some over 4
+    std::vector<std::string> want = tfrecords(r, 200, 100000);  // batches of 64: about 3 MiB on average, some over 4
     want.push_back(std::string(5u << 20, 'y'));  // one batch over 4 MiB for certain
-    sluice::pipeline p(sluice::from(cut(file_of(want), {1 << 20}, "big.tfrecord")) | sluice::tfrecord() |
+    sluice::pipeline p(sluice::from(cut(tfrecord_file(want), {1 << 20}, "big.tfrecord")) | sluice::tfrecord() |
                        sluice::batch({.size = 64}));
     std::vector<std::string> got;
     for (auto& hb : p) {
@@ -293,7 +293,7 @@ TEST_CASE("tfrecord + batch: batches of several MiB (streaming stores) hold the 
 
 TEST_CASE("tfrecord + batch: skipping corrupt records, or not verifying, leaves nothing to batch", "[tfrecord][batch][corrupt]") {
     const std::vector<std::string> want = {"aaaa", "bbbb", "cccc", "dddd"};
-    std::string f = file_of(want);
+    std::string f = tfrecord_file(want);
     f[offset_of(want, 1) + 12] ^= 1;
     sluice::pipeline p(sluice::from(cut(f, {1 << 20}, "s.tfrecord")) | sluice::tfrecord({.on_corrupt = sluice::on_corrupt::skip}) |
                        sluice::batch({.size = 8}));
