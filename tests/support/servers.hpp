@@ -52,10 +52,12 @@ inline bool accepts(int port) {
 
 /// nginx serving `root` on 127.0.0.1:port; with `tls`, HTTPS (HTTP/2 offered) with a
 /// self-signed certificate for 127.0.0.1 made by the openssl CLI (its path: ca_file()).
-/// `extra` goes into the server block (redirects...).
+/// `extra` goes into the server block (redirects...). `http2` false: HTTPS offers
+/// HTTP/1.1 only, as S3 does.
 class nginx_server {
 public:
-    explicit nginx_server(const std::string& root, bool tls = false, const std::string& extra = "") : tls_(tls) {
+    explicit nginx_server(const std::string& root, bool tls = false, const std::string& extra = "", bool http2 = true)
+        : tls_(tls) {
         std::string ssl;
         if (tls) {
             const auto key = dir_ / "key.pem";
@@ -76,7 +78,7 @@ public:
                             << "  client_body_temp_path " << (dir_ / "tmp") << ";\n  proxy_temp_path " << (dir_ / "tmp")
                             << ";\n  fastcgi_temp_path " << (dir_ / "tmp") << ";\n  uwsgi_temp_path " << (dir_ / "tmp")
                             << ";\n  scgi_temp_path " << (dir_ / "tmp") << ";\n"
-                            << "  server {\n    listen 127.0.0.1:" << port_ << (tls ? " ssl http2" : "") << ";\n" << ssl
+                            << "  server {\n    listen 127.0.0.1:" << port_ << (tls ? (http2 ? " ssl http2" : " ssl") : "") << ";\n" << ssl
                             << "    root " << root << ";\n    location /forbidden/ { deny all; }\n" << extra
                             << "  }\n}\n";
         std::filesystem::create_directories(dir_.path() / "tmp");
