@@ -25,7 +25,7 @@
 # CA_FILE=PEM (an https:// BASE_URL with a certificate of one's own) is given to curl as
 # --cacert and to each probe as --ca-file: both verify the server, as a user's would.
 set -euo pipefail
-[ $# -ge 4 ] || { sed -n '2,22p' "$0" >&2; exit 2; }
+[ $# -ge 4 ] || { sed -n '2,26p' "$0" >&2; exit 2; }
 command -v perf >/dev/null || { echo "bench/http_rounds.sh: needs perf (Debian: linux-perf) for task-clock" >&2; exit 2; }
 base=$1 mode=$2 rounds=$3; shift 3
 case $mode in

@@ -852,7 +852,7 @@ TEST_CASE("fetch: https is verified by default, a CA file or an explicit insecur
     REQUIRE(get({.insecure = true}).first == "over TLS");
 }
 
-TEST_CASE("fetch: a new https connection resumes the TLS session an earlier transfer made, on either lane", "[http][tls]") {
+TEST_CASE("fetch: a new https connection resumes the TLS session of an earlier transfer's connection", "[http][tls]") {
     // Each body is nginx's word for its connection: "r", a resumed session, or ".", a full
     // handshake. nginx ends a connection after 2 requests (as servers recycle them), so 40
     // objects take about 20 connections, each made for a transfer whose easy handle is new.
@@ -869,8 +869,9 @@ TEST_CASE("fetch: a new https connection resumes the TLS session an earlier tran
     for (auto& r : p) flags += std::string(r.data.view());
     INFO(flags);
     REQUIRE(flags.size() == 40);
-    // Only a lane's first connections have no session to resume (each transfer's own easy
-    // handle kept its session to itself before the engine shared them: none resumed).
+    // Only each lane's first connection has no session to resume (the lanes share none:
+    // see curl_engine's tls_sessions). Before sessions were shared among a lane's
+    // transfers, each transfer's easy handle kept its own, and none was resumed.
     REQUIRE(std::count(flags.begin(), flags.end(), 'r') >= 20);
 }
 

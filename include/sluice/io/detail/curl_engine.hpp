@@ -269,10 +269,40 @@ private:
         std::shared_ptr<http_transfer> t;
     };
 
+    // TLS sessions, shared by the transfers of one lane. Each transfer has an easy handle of
+    // its own, and libcurl keeps sessions per easy handle: a session died with its
+    // transfer, and every connection opened after the first ones (a server that ended
+    // one, more requests in flight) made a full handshake, certificate chain and
+    // server signature, where the curl tool resumes. A libcurl share object for SSL
+    // sessions lets a lane's next connection resume the last one's session. One per lane,
+    // not one for the engine: libcurl 7.88 keeps OpenSSL's session objects themselves in
+    // the cache, and sharing them between threads is not supported (libcurl's
+    // CURLSHOPT_SHARE); a lane's handles are used only on its thread, so it needs no lock
+    // callbacks. libcurl resumes a session only for the same host, port and TLS settings
+    // (verification, CA file).
+    class tls_sessions {
+    public:
+        tls_sessions() {
+            curl_global();
+            share_ = curl_share_init();
+            if (share_) curl_share_setopt(share_, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION);
+            // else transfers go without one (CURLOPT_SHARE is not set)
+        }
+        ~tls_sessions() {
+            if (share_) curl_share_cleanup(share_);  // after ~lane cleaned up every handle that used it
+        }
+        tls_sessions(const tls_sessions&) = delete;
+        tls_sessions& operator=(const tls_sessions&) = delete;
+        CURLSH* get() const noexcept { return share_; }
+
+    private:
+        CURLSH* share_ = nullptr;
+    };
+
     // One thread and its multi handle, with the transfers given to it.
     class lane {
     public:
-        explicit lane(CURLSH* tls) : tls_(tls) {
+        lane() {
             multi_ = curl_multi_init();
             curl_multi_setopt(multi_, CURLMOPT_PIPELINING, CURLPIPE_MULTIPLEX);
             curl_multi_setopt(multi_, CURLMOPT_MAX_HOST_CONNECTIONS, 0L);
@@ -516,7 +546,7 @@ private:
             switch (c.k) {
             case kind::add:
                 t.direct_min = direct_min_;
-                if (!setup(t, sockets_, tls_)) {
+                if (!setup(t, sockets_, tls_.get())) {
                     load.fetch_sub(1, std::memory_order_relaxed);  // setup finished it
                     return;
                 }
@@ -556,7 +586,7 @@ private:
         }
 
         CURLM* multi_ = nullptr;
-        CURLSH* tls_ = nullptr;  // the engine's TLS sessions (tls_sessions)
+        tls_sessions tls_;  // this lane's transfers' TLS sessions
         const std::uint64_t direct_min_ = direct_threshold();
         socket_list sockets_;  // before multi_'s cleanup in ~lane closes them
         std::vector<std::shared_ptr<http_transfer>> direct_;  // received by this thread, in order taken
@@ -568,45 +598,10 @@ private:
         std::unordered_map<CURL*, std::shared_ptr<http_transfer>> live_;
     };
 
-    // TLS sessions, shared by every transfer of every lane. Each transfer has an easy handle
-    // of its own, whose session cache dies with it, and each lane a connection cache of its
-    // own: without this, every connection a transfer opens (more in flight, a server that
-    // closed one, a transfer on the other lane) made a full handshake, certificate chain
-    // and all, where a resumed one skips the chain and the server's signature. libcurl
-    // resumes a session only for the same host, port and TLS settings (verification, CA
-    // file). Connections themselves are not shared: libcurl allows that only within one
-    // thread. One mutex per kind of data libcurl locks: it may hold one while taking another.
-    class tls_sessions {
-    public:
-        tls_sessions() {
-            share_ = curl_share_init();
-            if (!share_) return;  // transfers then go without (CURLOPT_SHARE is not set)
-            curl_share_setopt(share_, CURLSHOPT_LOCKFUNC, &lock);
-            curl_share_setopt(share_, CURLSHOPT_UNLOCKFUNC, &unlock);
-            curl_share_setopt(share_, CURLSHOPT_USERDATA, this);
-            curl_share_setopt(share_, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION);
-        }
-        ~tls_sessions() {
-            if (share_) curl_share_cleanup(share_);  // after the lanes, whose handles used it
-        }
-        tls_sessions(const tls_sessions&) = delete;
-        tls_sessions& operator=(const tls_sessions&) = delete;
-        CURLSH* get() const noexcept { return share_; }
-
-    private:
-        std::mutex& of(curl_lock_data d) { return m_[static_cast<std::size_t>(d) % CURL_LOCK_DATA_LAST]; }
-        static void lock(CURL*, curl_lock_data d, curl_lock_access, void* self) {
-            static_cast<tls_sessions*>(self)->of(d).lock();
-        }
-        static void unlock(CURL*, curl_lock_data d, void* self) { static_cast<tls_sessions*>(self)->of(d).unlock(); }
-        std::mutex m_[CURL_LOCK_DATA_LAST];
-        CURLSH* share_ = nullptr;
-    };
-
     curl_engine() {
         curl_global();
         const std::size_t n = default_lanes();
-        for (std::size_t i = 0; i < n; ++i) lanes_.push_back(std::make_unique<lane>(tls_.get()));
+        for (std::size_t i = 0; i < n; ++i) lanes_.push_back(std::make_unique<lane>());
     }
     lane& lane_of(const http_transfer& t) {
         assert(t.lane < lanes_.size());
@@ -913,7 +908,6 @@ private:
         return n;
     }
 
-    tls_sessions tls_;  // before lanes_: destroyed after them
     std::vector<std::unique_ptr<lane>> lanes_;  // destroyed (each joined) with the engine
     std::atomic<std::size_t> next_{0};
 };
