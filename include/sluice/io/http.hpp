@@ -27,13 +27,19 @@ struct fetch_options {
     /// full (then it is paused, not buffered).
     std::size_t chunk_size = 1u << 20;
     /// Large objects download as ranged parts, `parts_in_flight` at a time per object,
-    /// delivered in order (each part holds at most two chunks while it waits its turn).
+    /// delivered in order. A part waiting its turn behind the one being read goes on
+    /// downloading, into room the stage keeps for such parts: as many bytes as `out.bytes`
+    /// (64 MiB) over all its objects, so one object's parts come at `parts_in_flight`
+    /// times one connection's rate where a store serves each connection at its own (S3:
+    /// about 100 MB/s each). A part that finds no room left holds two chunks and pauses
+    /// until its turn. Under a memory budget (pipeline_options::memory) there is no such
+    /// room yet: every part holds two chunks.
     /// The first request asks for `part_size` bytes; its Content-Range gives the size.
-    /// Each part after it is twice the one before, up to `max_part_size`: a large object
-    /// takes few requests (a 1 GiB one 19, not 128), and since a part streams through the
-    /// same chunks whatever its size, larger parts cost no memory; a part cut off resumes
-    /// from its last byte. `max_part_size` at or below `part_size`: every part is
-    /// `part_size`. A server without range support answers 200 and the object streams whole.
+    /// Each part after it is twice the one before, up to `max_part_size` and up to what
+    /// lets the parts behind the first fit in the room together (21 MiB with the defaults):
+    /// a 1 GiB object takes 50 requests, not 128. A part cut off resumes from its last
+    /// byte. `max_part_size` at or below `part_size`: every part is `part_size`. A server
+    /// without range support answers 200 and the object streams whole.
     bool parallel_parts = true;
     std::uint64_t part_size = 8u << 20;
     std::uint64_t max_part_size = 64u << 20;
@@ -76,7 +82,8 @@ namespace detail {
 /// What one run of a fetch stage shares among its workers (made by its setup).
 struct fetch_run;
 struct knob;
-inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o, std::vector<knob>* knobs = nullptr);
+inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o, std::vector<knob>* knobs = nullptr,
+                                                 bool budgeted = false);
 inline void offer_remote_access(stage_setup& s, const std::shared_ptr<fetch_run>& run, const fetch_options& o);
 /// One worker of a fetch stage: its objects' requests, retries, parts and cache copies
 /// (io/impl/fetch.hpp).
@@ -89,7 +96,9 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
 /// (the last one flagged), in order per object; `concurrency` objects download at once and
 /// their chunks interleave (decoders keep per-shard state).
 /// Backpressure: each download holds at most about two chunks; when downstream is full
-/// the transfer is paused, not buffered.
+/// the transfer is paused, not buffered. The parts of a large object behind the one being
+/// read hold up to their whole part meanwhile, within `out.bytes` over the stage (see
+/// fetch_options::parts_in_flight).
 /// Errors: a sluice::source_error naming the URL and what failed ("HTTP 404", "Couldn't
 /// connect to server (...) after 9 attempts", the byte offset of a failed resume), after
 /// every chunk delivered before it; 4xx other than 429 are not retried. An object whose
@@ -103,7 +112,7 @@ stage<shard, chunk> fetch(fetch_options o = {}) {
     return make_stage<shard, chunk>(
         "fetch", {.concurrency = std::max(1u, o.concurrency), .order = o.order, .on = pool::io, .out = o.out},
         [o](stage_setup& s) {
-            auto run = detail::make_fetch_run(o, s.internal.knobs);
+            auto run = detail::make_fetch_run(o, s.internal.knobs, s.internal.budgeted());
             detail::offer_remote_access(s, run, o);  // for plan's record counting
             return run;
         },

@@ -16,6 +16,39 @@ TEST_CASE("a fetch run's shared state: the request limit from .concurrency, a ca
     CHECK(cached->cache != nullptr);
 }
 
+TEST_CASE("a fetch run's room for the parts waiting their turn: the output channel's bytes, none under a memory budget",
+          "[fetch][parts]") {
+    constexpr std::uint64_t mib = 1u << 20;
+    auto run = sluice::detail::make_fetch_run({});  // out: 64 MiB; 4 parts in flight
+    CHECK(run->part_room == 64 * mib);
+    CHECK(run->part_grow_max == 21 * mib);  // three waiting parts of at most this fit in it
+    auto small = sluice::detail::make_fetch_run({.out = {4, 4 * mib}});
+    CHECK(small->part_room == 4 * mib);
+    CHECK(small->part_grow_max == mib);  // parts stay at part_size then (8 MiB: the floor)
+    auto budgeted = sluice::detail::make_fetch_run({}, nullptr, true);
+    CHECK(budgeted->part_room == 0);  // two chunks a part, as before: no share of the budget yet
+    CHECK(budgeted->part_grow_max == 0);
+    CHECK(sluice::detail::make_fetch_run({.parts_in_flight = 1})->part_room == 0);
+    CHECK(sluice::detail::make_fetch_run({.parallel_parts = false})->part_room == 0);
+    {
+        // A lease takes what it asks for, or what is left; moved, it is given back once.
+        sluice::detail::part_room_lease a(run->part_room, 60 * mib);
+        CHECK(a.bytes() == 60 * mib);
+        sluice::detail::part_room_lease b(run->part_room, 8 * mib);
+        CHECK(b.bytes() == 4 * mib);
+        CHECK(run->part_room == 0);
+        sluice::detail::part_room_lease c(run->part_room, 8 * mib);
+        CHECK(c.bytes() == 0);
+        sluice::detail::part_room_lease d = std::move(b);
+        CHECK(d.bytes() == 4 * mib);
+        CHECK(b.bytes() == 0);
+        a = std::move(d);  // a's 60 MiB go back, and it holds d's 4
+        CHECK(a.bytes() == 4 * mib);
+        CHECK(run->part_room == 60 * mib);
+    }
+    CHECK(run->part_room == 64 * mib);
+}
+
 TEST_CASE("a tuned fetch offers its requests in flight as a knob between its floor and its workers", "[fetch][tune]") {
     std::vector<sluice::detail::knob> knobs;
     // Fixed parts (max_part_size no larger than part_size): growing parts, the default,

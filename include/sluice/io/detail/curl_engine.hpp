@@ -23,9 +23,10 @@
 //
 // Transfers talk to their coroutine through a small mailbox: the write callback fills
 // pooled buffers of chunk_size bytes and posts each full one; when two are waiting
-// undelivered it pauses the transfer (CURL_WRITEFUNC_PAUSE) instead of buffering more,
-// and the coroutine unpauses it after handing a chunk downstream. So a slow consumer
-// holds a download at about two chunks, whatever the object's size.
+// undelivered (or the request's `hold`: a part of a large object that waits its turn may
+// be given room for more) it pauses the transfer (CURL_WRITEFUNC_PAUSE) instead of
+// buffering more, and the coroutine unpauses it after handing a chunk downstream. So a
+// slow consumer holds a download at about two chunks, whatever the object's size.
 //
 // Receiving a large body directly. libcurl hands a body to the write callback in pieces of
 // 16 KiB out of its own receive buffer, and on_write copies each into the chunk: for one
@@ -89,6 +90,9 @@ struct http_request {
     static constexpr std::uint64_t npos = ~std::uint64_t{0};
     std::string if_match;    // If-Match when non-empty (a resumed download of one version)
     std::size_t chunk_size = 1u << 20;
+    // Chunks the transfer may hold undelivered before it is paused: two, or more for a part
+    // of a large object that waits its turn (fetch gives it room to download in parallel).
+    std::size_t hold = 2;
     long connect_timeout_ms = 10000;
     long stall_seconds = 30;  // no byte for this long: the transfer fails (and is retried)
     long max_redirects = 5;
@@ -456,7 +460,7 @@ private:
         }
 
         // One direct transfer's bytes, until the socket has no more for now, its reader is
-        // two chunks behind (it waits for a resume, as on_write's pause does), two chunks
+        // `hold` chunks behind (it waits for a resume, as on_write's pause does), two chunks
         // were filled this round (a reader that detached holds nothing back: the lane's
         // other work and wake-ups must not wait for its whole body) or it ends; true when
         // it ended.
@@ -478,7 +482,7 @@ private:
             for (;;) {
                 {
                     std::lock_guard lock(t.m);
-                    if (!t.paused && t.ready.size() >= 2 && !t.detached) {
+                    if (!t.paused && t.ready.size() >= t.req.hold && !t.detached) {
                         t.paused = true;
                         direct_holds.fetch_add(1, std::memory_order_relaxed);
                     }
@@ -814,7 +818,7 @@ private:
             // The consumer is behind: hold the transfer. Not once it is to be received
             // directly: libcurl would keep these bytes, the lane could not have them, and
             // what it still hands over here is at most the rest of one receive buffer.
-            if (t.ready.size() >= 2 && !t.direct_wanted) {
+            if (t.ready.size() >= t.req.hold && !t.direct_wanted) {
                 t.paused = true;
                 return CURL_WRITEFUNC_PAUSE;
             }

@@ -36,6 +36,7 @@
 #include <cctype>
 #include <cstring>
 #include <thread>
+#include <utility>
 #include <condition_variable>
 
 namespace sluice::detail {
@@ -99,12 +100,44 @@ inline std::string http_failure(const http_transfer& t) {
 }
 
 // One byte range of an object in flight: [from, to] (to inclusive; npos: to the end).
+/// Room, in bytes, that a part of a large object holds beyond its two chunks while it
+/// waits its turn (taken from fetch_run::part_room when the part starts, given back when
+/// it goes).
+class part_room_lease {
+public:
+    part_room_lease() = default;
+    part_room_lease(std::atomic<std::uint64_t>& room, std::uint64_t want) : room_(&room) {
+        auto cur = room.load(std::memory_order_relaxed);
+        do bytes_ = std::min(cur, want);
+        while (bytes_ && !room.compare_exchange_weak(cur, cur - bytes_, std::memory_order_relaxed));
+    }
+    part_room_lease(part_room_lease&& o) noexcept : room_(o.room_), bytes_(std::exchange(o.bytes_, 0)) {}
+    part_room_lease& operator=(part_room_lease&& o) noexcept {
+        if (this != &o) {
+            give_back();
+            room_ = o.room_;
+            bytes_ = std::exchange(o.bytes_, 0);
+        }
+        return *this;
+    }
+    ~part_room_lease() { give_back(); }
+    std::uint64_t bytes() const noexcept { return bytes_; }
+
+private:
+    void give_back() noexcept {
+        if (bytes_) room_->fetch_add(std::exchange(bytes_, 0), std::memory_order_relaxed);
+    }
+    std::atomic<std::uint64_t>* room_ = nullptr;
+    std::uint64_t bytes_ = 0;
+};
+
 struct http_part {
     std::uint64_t from = 0, to = http_request::npos;
     std::shared_ptr<http_transfer> t;
     bool permit = false;  // holds one of the limiter's permits
     std::uint64_t seq = 0;  // the permit's sequence number
     bool reread = false;    // credentials read again after S3 refused this part's
+    part_room_lease room = {};  // what it may hold beyond two chunks while it waits its turn
 };
 
 struct fetch_state {
@@ -142,6 +175,7 @@ struct fetch_state {
         req.to = p.to;
         req.if_match = etag;
         req.chunk_size = o.chunk_size ? o.chunk_size : (1u << 20);
+        req.hold = 2 + static_cast<std::size_t>(p.room.bytes() / req.chunk_size);
         req.connect_timeout_ms = static_cast<long>(o.connect_timeout.count());
         req.stall_seconds = static_cast<long>(o.stall.count());
         req.max_redirects = o.max_redirects;
@@ -166,6 +200,11 @@ struct fetch_run {
     std::atomic<std::uint64_t> throttled{0};  // 503s and 429s, for the tuner
     std::atomic<std::uint64_t> objects_done{0}, bytes_done{0};  // what a request holds, for the tuner
     std::atomic<std::uint64_t> part_size{8u << 20};  // fetch_options::part_size, or the tuner's
+    // What the parts of large objects waiting their turn may hold beyond their two chunks,
+    // over the stage's workers (see fetch_options::parts_in_flight), and the size parts grow
+    // to at most so that the parts of one object fit in it (0: no cap).
+    std::atomic<std::uint64_t> part_room{0};
+    std::uint64_t part_grow_max = 0;
     std::shared_ptr<local_cache> cache;  // null without fetch_options::cache
     std::mutex s3_m;
     std::shared_ptr<const s3_config> s3;  // resolved once for the stage, at its first s3:// URL
@@ -218,8 +257,18 @@ inline std::shared_ptr<const s3_config> s3_for(fetch_run& run, const fetch_optio
 }
 
 
-inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o, std::vector<knob>* knobs) {
+inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o, std::vector<knob>* knobs, bool budgeted) {
     auto run = std::make_shared<fetch_run>();
+    // Room for the parts waiting their turn: as much as the output channel holds, so the
+    // stage holds at most twice that beyond its requests' two chunks each. Not under a
+    // memory budget (pipeline_options::memory), whose division has no share for it yet:
+    // there each part holds its two chunks, as before.
+    const std::size_t chunk = o.chunk_size ? o.chunk_size : (1u << 20);
+    if (o.parallel_parts && o.parts_in_flight > 1 && !budgeted) {
+        run->part_room = o.out.bytes ? o.out.bytes : std::uint64_t{64} << 20;
+        // The parts of one object fit in the room only if none is larger than its share.
+        run->part_grow_max = std::max<std::uint64_t>(chunk, run->part_room / (o.parts_in_flight - 1) / chunk * chunk);
+    }
     run->limit = std::make_shared<aimd_limit>(o.concurrency, o.min_concurrency);
     if (!o.shared_limit.empty())
         // After a halving the node starts nothing for a fifth of backoff_base (20 ms by
@@ -260,7 +309,9 @@ inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o, std::ve
         // (on loopback 64 MiB parts took a 1 GiB object in 0.29-0.31 s against 0.36-0.38 s
         // with 8 MiB, bench/RESULTS.md issue 17); smaller ones save nothing, so its floor
         // is where it starts and it only climbs. A part streams through the same few
-        // chunks whatever its size: no memory. A change applies from the next part.
+        // chunks whatever its size, and what waiting parts hold beyond those comes from
+        // the stage's room (fetch_run::part_room, none under a budget): no memory of its
+        // own. A change applies from the next part.
         std::weak_ptr<fetch_run> w = run;
         const auto given = static_cast<unsigned>(o.part_size / mib);
         knobs->push_back({.stage = "fetch",
@@ -615,9 +666,20 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
             auto more_parts = [&] { return total != http_request::npos && next_from < total; };
             std::uint64_t grown = part_size;  // the last part's size: each next one doubles, to max_part_size
             auto add_part = [&](bool permit) {
-                grown = std::max(part_size_now(), grown > o.max_part_size / 2 ? o.max_part_size : 2 * grown);
+                grown = grown > o.max_part_size / 2 ? o.max_part_size : 2 * grown;
+                if (run.part_grow_max) grown = std::min(grown, run.part_grow_max);
+                grown = std::max(part_size_now(), grown);
                 http_part p{next_from, std::min(total - next_from, grown) + next_from - 1, {}, permit, permit ? seq : 0};
                 next_from = p.to + 1;
+                // It waits its turn behind the parts before it: room to download all of
+                // itself meanwhile, as far as the stage's room goes, so that the object's
+                // parts download in parallel where one connection is slow (a store that
+                // serves each connection at its own rate). With two chunks each, as
+                // before, the parts behind the first waited paused, and one large object
+                // came at one connection's rate.
+                const std::size_t chunk = o.chunk_size ? o.chunk_size : (1u << 20);
+                const std::uint64_t chunks = (p.to - p.from + chunk) / chunk;
+                if (chunks > 2) p.room = part_room_lease(run.part_room, (chunks - 2) * chunk);
                 fs.start(p, where, etag);
                 parts_counter.fetch_add(1, std::memory_order_relaxed);
                 parts.push_back(std::move(p));
