@@ -24,12 +24,14 @@ struct fetch_options {
     /// on; later ones download meanwhile, up to two chunks per request), or as completed.
     ordering order = ordering::unordered;
     /// Bytes per chunk handed downstream; a download holds about two while downstream is
-    /// full (then it is paused, not buffered).
+    /// full (then it is paused, not buffered), a part waiting its turn up to its room.
     std::size_t chunk_size = 1u << 20;
     /// Large objects download as ranged parts, `parts_in_flight` at a time per object,
     /// delivered in order. A part waiting its turn behind the one being read goes on
     /// downloading, into room the stage keeps for such parts: as many bytes as `out.bytes`
-    /// (64 MiB) over all its objects, so one object's parts come at `parts_in_flight`
+    /// (64 MiB; 64 MiB where `out.bytes` is 0), first come first served over all its
+    /// objects, each part at most its share (the room over `parts_in_flight` - 1), so one
+    /// object's parts come at `parts_in_flight`
     /// times one connection's rate where a store serves each connection at its own (S3:
     /// about 100 MB/s each). A part that finds no room left holds two chunks and pauses
     /// until its turn. Under a memory budget (pipeline_options::memory) there is no such

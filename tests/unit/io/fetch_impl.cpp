@@ -45,6 +45,9 @@ TEST_CASE("a fetch run's room for the parts waiting their turn: the output chann
         a = std::move(d);  // a's 60 MiB go back, and it holds d's 4
         CHECK(a.bytes() == 4 * mib);
         CHECK(run->part_room == 60 * mib);
+        sluice::detail::part_room_lease e(run->part_room, 3 * mib / 2, mib);  // whole chunks only
+        CHECK(e.bytes() == mib);
+        CHECK(run->part_room == 59 * mib);
     }
     CHECK(run->part_room == 64 * mib);
 }

@@ -26,7 +26,8 @@
 // undelivered (or the request's `hold`: a part of a large object that waits its turn may
 // be given room for more) it pauses the transfer (CURL_WRITEFUNC_PAUSE) instead of
 // buffering more, and the coroutine unpauses it after handing a chunk downstream. So a
-// slow consumer holds a download at about two chunks, whatever the object's size.
+// slow consumer holds a download at about two chunks (its `hold`), whatever the object's
+// size.
 //
 // Receiving a large body directly. libcurl hands a body to the write callback in pieces of
 // 16 KiB out of its own receive buffer, and on_write copies each into the chunk: for one
@@ -186,8 +187,8 @@ public:
     std::vector<std::size_t> loads() const { return per_lane(&lane::load); }
     /// Transfers whose body a lane received directly, over all lanes (for tests and diagnostics).
     std::uint64_t direct() const { return over_lanes(&lane::direct_count); }
-    /// Times a directly received transfer was held because its reader was two chunks
-    /// behind, over all lanes (for tests and diagnostics).
+    /// Times a directly received transfer was held because its reader was `hold` chunks
+    /// (two, or a waiting part's room) behind, over all lanes (for tests and diagnostics).
     std::uint64_t direct_holds() const { return over_lanes(&lane::direct_holds); }
     /// The least body left, in bytes, that a lane receives directly: SLUICE_HTTP_DIRECT when
     /// it is a number (0: never), else 4 MiB. Always 0 with a libcurl other than 7.x from

@@ -99,16 +99,15 @@ inline std::string http_failure(const http_transfer& t) {
     return request_failure(t.result, t.errbuf, t.status, t.error_body);
 }
 
-// One byte range of an object in flight: [from, to] (to inclusive; npos: to the end).
 /// Room, in bytes, that a part of a large object holds beyond its two chunks while it
 /// waits its turn (taken from fetch_run::part_room when the part starts, given back when
-/// it goes).
+/// it goes): what it asks for or what is left, in whole `unit`s (chunks).
 class part_room_lease {
 public:
     part_room_lease() = default;
-    part_room_lease(std::atomic<std::uint64_t>& room, std::uint64_t want) : room_(&room) {
+    part_room_lease(std::atomic<std::uint64_t>& room, std::uint64_t want, std::uint64_t unit = 1) : room_(&room) {
         auto cur = room.load(std::memory_order_relaxed);
-        do bytes_ = std::min(cur, want);
+        do bytes_ = std::min(cur, want) / unit * unit;
         while (bytes_ && !room.compare_exchange_weak(cur, cur - bytes_, std::memory_order_relaxed));
     }
     part_room_lease(part_room_lease&& o) noexcept : room_(o.room_), bytes_(std::exchange(o.bytes_, 0)) {}
@@ -131,6 +130,7 @@ private:
     std::uint64_t bytes_ = 0;
 };
 
+// One byte range of an object in flight: [from, to] (to inclusive; npos: to the end).
 struct http_part {
     std::uint64_t from = 0, to = http_request::npos;
     std::shared_ptr<http_transfer> t;
@@ -678,8 +678,15 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                 // before, the parts behind the first waited paused, and one large object
                 // came at one connection's rate.
                 const std::size_t chunk = o.chunk_size ? o.chunk_size : (1u << 20);
+                // At most its share (a third of the room with 4 parts in flight), so that a
+                // part larger than that (a fixed part_size above it, or the tuner's) leaves
+                // the others theirs. Not a part read at once (none before it), and, ordered,
+                // not one of an object whose turn has not come: the room is for the object
+                // being read, not for later ones waiting to be.
                 const std::uint64_t chunks = (p.to - p.from + chunk) / chunk;
-                if (chunks > 2) p.room = part_room_lease(run.part_room, (chunks - 2) * chunk);
+                if (chunks > 2 && !parts.empty() && run.part_grow_max && (!ctx.turn || my_turn_now()))
+                    p.room = part_room_lease(run.part_room, std::min<std::uint64_t>((chunks - 2) * chunk, run.part_grow_max),
+                                             chunk);
                 fs.start(p, where, etag);
                 parts_counter.fetch_add(1, std::memory_order_relaxed);
                 parts.push_back(std::move(p));
