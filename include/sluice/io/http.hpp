@@ -29,7 +29,7 @@ struct fetch_options {
     /// Large objects download as ranged parts, `parts_in_flight` at a time per object,
     /// delivered in order. A part waiting its turn behind the one being read goes on
     /// downloading, into room the stage keeps for such parts: as many bytes as `out.bytes`
-    /// (64 MiB; 64 MiB where `out.bytes` is 0), first come first served over all its
+    /// (64 MiB by default, and where `out.bytes` is 0), first come first served over all its
     /// objects, each part at most its share (the room over `parts_in_flight` - 1), so one
     /// object's parts come at `parts_in_flight`
     /// times one connection's rate where a store serves each connection at its own (S3:

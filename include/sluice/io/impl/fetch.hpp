@@ -130,6 +130,9 @@ private:
     std::uint64_t bytes_ = 0;
 };
 
+/// The bytes of a chunk the stage asks for (fetch_options::chunk_size, 1 MiB where 0).
+inline std::size_t chunk_bytes(const fetch_options& o) noexcept { return o.chunk_size ? o.chunk_size : (1u << 20); }
+
 // One byte range of an object in flight: [from, to] (to inclusive; npos: to the end).
 struct http_part {
     std::uint64_t from = 0, to = http_request::npos;
@@ -174,7 +177,7 @@ struct fetch_state {
         req.from = p.from;
         req.to = p.to;
         req.if_match = etag;
-        req.chunk_size = o.chunk_size ? o.chunk_size : (1u << 20);
+        req.chunk_size = chunk_bytes(o);
         req.hold = 2 + static_cast<std::size_t>(p.room.bytes() / req.chunk_size);
         req.connect_timeout_ms = static_cast<long>(o.connect_timeout.count());
         req.stall_seconds = static_cast<long>(o.stall.count());
@@ -201,8 +204,9 @@ struct fetch_run {
     std::atomic<std::uint64_t> objects_done{0}, bytes_done{0};  // what a request holds, for the tuner
     std::atomic<std::uint64_t> part_size{8u << 20};  // fetch_options::part_size, or the tuner's
     // What the parts of large objects waiting their turn may hold beyond their two chunks,
-    // over the stage's workers (see fetch_options::parts_in_flight), and the size parts grow
-    // to at most so that the parts of one object fit in it (0: no cap).
+    // over the stage's workers (see fetch_options::parts_in_flight), and one part's share of
+    // it: the most room a part takes, and the size parts grow to at most, so that the parts
+    // of one object fit in it (0: no room, no cap).
     std::atomic<std::uint64_t> part_room{0};
     std::uint64_t part_grow_max = 0;
     std::shared_ptr<local_cache> cache;  // null without fetch_options::cache
@@ -263,7 +267,7 @@ inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o, std::ve
     // stage holds at most twice that beyond its requests' two chunks each. Not under a
     // memory budget (pipeline_options::memory), whose division has no share for it yet:
     // there each part holds its two chunks, as before.
-    const std::size_t chunk = o.chunk_size ? o.chunk_size : (1u << 20);
+    const std::size_t chunk = chunk_bytes(o);
     if (o.parallel_parts && o.parts_in_flight > 1 && !budgeted) {
         run->part_room = o.out.bytes ? o.out.bytes : std::uint64_t{64} << 20;
         // The parts of one object fit in the room only if none is larger than its share.
@@ -672,17 +676,15 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                 http_part p{next_from, std::min(total - next_from, grown) + next_from - 1, {}, permit, permit ? seq : 0};
                 next_from = p.to + 1;
                 // It waits its turn behind the parts before it: room to download all of
-                // itself meanwhile, as far as the stage's room goes, so that the object's
-                // parts download in parallel where one connection is slow (a store that
-                // serves each connection at its own rate). With two chunks each, as
-                // before, the parts behind the first waited paused, and one large object
-                // came at one connection's rate.
-                const std::size_t chunk = o.chunk_size ? o.chunk_size : (1u << 20);
-                // At most its share (a third of the room with 4 parts in flight), so that a
-                // part larger than that (a fixed part_size above it, or the tuner's) leaves
-                // the others theirs. Not a part read at once (none before it), and, ordered,
-                // not one of an object whose turn has not come: the room is for the object
-                // being read, not for later ones waiting to be.
+                // itself meanwhile, so that the object's parts download in parallel where
+                // one connection is slow (a store that serves each connection at its own
+                // rate; with two chunks each, as before, one large object came at one
+                // connection's rate). At most its share (a third of the room with 4 parts
+                // in flight), so that a part larger than that (a fixed part_size above it,
+                // or the tuner's) leaves the others theirs. Not a part read at once (none
+                // before it), and, ordered, not one of an object whose turn has not come:
+                // the room is for the object being read, not for later ones.
+                const std::size_t chunk = chunk_bytes(o);
                 const std::uint64_t chunks = (p.to - p.from + chunk) / chunk;
                 if (chunks > 2 && !parts.empty() && run.part_grow_max && (!ctx.turn || my_turn_now()))
                     p.room = part_room_lease(run.part_room, std::min<std::uint64_t>((chunks - 2) * chunk, run.part_grow_max),
