@@ -19,6 +19,7 @@
 #include <sluice/core/stage.hpp>
 #include <sluice/core/stats.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cerrno>
@@ -413,7 +414,8 @@ private:
     // the budget says (a shuffle's max_bytes) first, a quarter shared by the settings whose
     // units hold memory (fetch's requests in flight, capped) and the stages that size
     // theirs while they run (to_device's ring), and the rest in equal shares
-    // to every channel's byte budget (a channel's own smaller budget stays). Floors (1 MiB
+    // to every channel's byte budget (a channel's own smaller budget stays) and to what
+    // stages hold as a channel would (fetch's room for waiting parts). Floors (1 MiB
     // a channel, a setting's minimum) can overshoot a tiny budget: the figures say so.
     void divide_budget(running& r, std::vector<channel_limits>& limits) const {
         const std::uint64_t M = opts_.memory;
@@ -424,8 +426,11 @@ private:
         b.push_back({"buffer pool cache", pool});
         std::uint64_t spent = add(pool, r.fixed_bytes);
         if (r.fixed_bytes) b.push_back({"held by stages whatever the budget (a shuffle's max_bytes)", r.fixed_bytes});
-        const std::size_t n = detail::memory_knobs(r.knobs) + r.shares.size();
+        const auto as_channels = static_cast<std::size_t>(
+            std::count_if(r.shares.begin(), r.shares.end(), [](const detail::budget_share& sh) { return sh.as_channel; }));
+        const std::size_t n = detail::memory_knobs(r.knobs) + r.shares.size() - as_channels;
         for (auto& sh : r.shares) {
+            if (sh.as_channel) continue;  // below, with the channels
             const std::uint64_t part = M / 4 / n;
             sh.give(part);
             spent = add(spent, part);
@@ -444,10 +449,17 @@ private:
                          part});
         }
         const std::uint64_t left = M > spent ? M - spent : 0;
-        const std::uint64_t share = std::max<std::uint64_t>(std::uint64_t{1} << 20, left / std::max<std::size_t>(1, limits.size()));
+        const std::uint64_t share =
+            std::max<std::uint64_t>(std::uint64_t{1} << 20, left / std::max<std::size_t>(1, limits.size() + as_channels));
         for (auto& l : limits) l.bytes = l.bytes ? std::min<std::uint64_t>(l.bytes, share) : share;
         b.push_back({"each of " + std::to_string(limits.size()) + " channels", share});
         spent = add(spent, share * limits.size());
+        for (auto& sh : r.shares) {
+            if (!sh.as_channel) continue;
+            sh.give(share);
+            spent = add(spent, share);
+            b.push_back({sh.what + " (as a channel)", share});
+        }
         if (spent > M) b.push_back({"OVER the budget by (its floors: 1 MiB a channel, a setting's minimum, a shuffle's max_bytes)", spent - M});
     }
 

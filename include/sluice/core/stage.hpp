@@ -217,10 +217,15 @@ struct context_internal {
 /// The library's plumbing in a stage's setup.
 struct knob;  // core/detail/tuning.hpp
 /// A share of the memory budget for memory a stage sizes only while it runs (to_device:
-/// ring batches of pinned staging memory, whose bytes come with the batches).
+/// ring batches of pinned staging memory, whose bytes come with the batches; fetch: room
+/// for the parts of a large object waiting their turn).
 struct budget_share {
     std::string what;  // for the budget's lines in the figures
     std::function<void(std::uint64_t)> give;  // called with its bytes before anything runs
+    /// Sized as one more channel (an equal part of what the channels share), not as a
+    /// setting (a part of the quarter the settings share): for memory that, like a
+    /// channel's, holds bytes on their way downstream.
+    bool as_channel = false;
 };
 
 struct setup_internal {

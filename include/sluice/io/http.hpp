@@ -34,8 +34,9 @@ struct fetch_options {
     /// object's parts come at `parts_in_flight`
     /// times one connection's rate where a store serves each connection at its own (S3:
     /// about 100 MB/s each). A part that finds no room left holds two chunks and pauses
-    /// until its turn. Under a memory budget (pipeline_options::memory) there is no such
-    /// room yet: every part holds two chunks.
+    /// until its turn. Under a memory budget (pipeline_options::memory) the room is a
+    /// channel's share of it (at most `out.bytes`): the division counts it as one more
+    /// channel.
     /// The first request asks for `part_size` bytes; its Content-Range gives the size.
     /// Each part after it is twice the one before, up to `max_part_size` and up to what
     /// lets the parts behind the first fit in the room together (21 MiB with the defaults):
@@ -84,8 +85,10 @@ namespace detail {
 /// What one run of a fetch stage shares among its workers (made by its setup).
 struct fetch_run;
 struct knob;
+struct budget_share;
+/// `shares`: where the stage asks for its share of a memory budget (null: no budget).
 inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o, std::vector<knob>* knobs = nullptr,
-                                                 bool budgeted = false);
+                                                 std::vector<budget_share>* shares = nullptr);
 inline void offer_remote_access(stage_setup& s, const std::shared_ptr<fetch_run>& run, const fetch_options& o);
 /// One worker of a fetch stage: its objects' requests, retries, parts and cache copies
 /// (io/impl/fetch.hpp).
@@ -114,7 +117,7 @@ stage<shard, chunk> fetch(fetch_options o = {}) {
     return make_stage<shard, chunk>(
         "fetch", {.concurrency = std::max(1u, o.concurrency), .order = o.order, .on = pool::io, .out = o.out},
         [o](stage_setup& s) {
-            auto run = detail::make_fetch_run(o, s.internal.knobs, s.internal.budgeted());
+            auto run = detail::make_fetch_run(o, s.internal.knobs, s.internal.shares);
             detail::offer_remote_access(s, run, o);  // for plan's record counting
             return run;
         },

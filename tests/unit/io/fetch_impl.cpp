@@ -16,7 +16,7 @@ TEST_CASE("a fetch run's shared state: the request limit from .concurrency, a ca
     CHECK(cached->cache != nullptr);
 }
 
-TEST_CASE("a fetch run's room for the parts waiting their turn: the output channel's bytes, none under a memory budget",
+TEST_CASE("a fetch run's room for the parts waiting their turn: the output channel's bytes, a channel's share of a memory budget",
           "[fetch][parts]") {
     constexpr std::uint64_t mib = 1u << 20;
     auto run = sluice::detail::make_fetch_run({});  // out: 64 MiB; 4 parts in flight
@@ -25,9 +25,23 @@ TEST_CASE("a fetch run's room for the parts waiting their turn: the output chann
     auto small = sluice::detail::make_fetch_run({.out = {4, 4 * mib}});
     CHECK(small->part_room == 4 * mib);
     CHECK(small->part_grow_max == mib);  // parts stay at part_size then (8 MiB: the floor)
-    auto budgeted = sluice::detail::make_fetch_run({}, nullptr, true);
-    CHECK(budgeted->part_room == 0);  // two chunks a part, as before: no share of the budget yet
-    CHECK(budgeted->part_grow_max == 0);
+    // Under a budget the room is what the division gives it as one more channel, at most
+    // the output channel's own bytes, and nothing until then.
+    std::vector<sluice::detail::budget_share> shares;
+    auto budgeted = sluice::detail::make_fetch_run({}, nullptr, &shares);
+    CHECK(budgeted->part_room == 0);
+    REQUIRE(shares.size() == 1);
+    CHECK(shares[0].as_channel);
+    shares[0].give(12 * mib);
+    CHECK(budgeted->part_room == 12 * mib);
+    CHECK(budgeted->part_grow_max == 4 * mib);
+    shares[0].give(512 * mib);
+    CHECK(budgeted->part_room == 64 * mib);
+    CHECK(budgeted->part_grow_max == 21 * mib);
+    std::vector<sluice::detail::budget_share> none;
+    sluice::detail::make_fetch_run({.parts_in_flight = 1}, nullptr, &none);
+    sluice::detail::make_fetch_run({.parallel_parts = false}, nullptr, &none);
+    CHECK(none.empty());  // no parts wait: no share asked for
     CHECK(sluice::detail::make_fetch_run({.parts_in_flight = 1})->part_room == 0);
     CHECK(sluice::detail::make_fetch_run({.parallel_parts = false})->part_room == 0);
     {

@@ -733,11 +733,13 @@ TEST_CASE("fetch: the parts of a large object behind the first download whole wh
     // chunk: the three parts behind it must still arrive whole at the server's end (nginx
     // logs a request when it has sent all of it), which two chunks and the sockets' buffers
     // (a few MiB) could not hold of 32 MiB parts. Both ways a lane takes a body: received
-    // directly (plain HTTP/1.1, 4 MiB or more) and through libcurl's write callback.
+    // directly (plain HTTP/1.1, 4 MiB or more) and through libcurl's write callback; and
+    // under a memory budget, where the room is a channel's share of it.
     using engine = sluice::detail::curl_engine;
     constexpr std::uint64_t mib = 1u << 20, part = 32 * mib;
-    for (const bool direct : {true, false}) {
+    for (const auto& [direct, memory] : {std::pair{true, std::uint64_t{0}}, {false, std::uint64_t{0}}, {true, 1024 * mib}}) {
         INFO((direct ? "received directly where this libcurl allows" : "SLUICE_HTTP_DIRECT=0"));
+        INFO("memory budget: " << memory);
         // SLUICE_HTTP_DIRECT is read when an engine starts: this one is the pipeline's.
         sluice_test::scoped_env env{{{"SLUICE_HTTP_DIRECT", direct ? std::nullopt : std::optional<std::string>("0")}}};
         auto eng = engine::shared();
@@ -751,8 +753,9 @@ TEST_CASE("fetch: the parts of a large object behind the first download whole wh
         const auto log = (logs / "access.log");
         sluice_test::nginx_server nginx(www.path().string(), false, "    access_log " + log + ";\n");
         sluice::pipeline p(sluice::list(nginx.url("big.bin")) | sluice::plan() |
-                           sluice::fetch({.part_size = part, .max_part_size = part, .parts_in_flight = 4,
-                                          .out = {4, 4 * part}}));
+                               sluice::fetch({.part_size = part, .max_part_size = part, .parts_in_flight = 4,
+                                              .out = {4, 4 * part}}),
+                           {.memory = memory});
         auto first = p.next_blocking();
         REQUIRE(first);
         std::uint64_t bytes = first->data.size();
@@ -776,6 +779,19 @@ TEST_CASE("fetch: the parts of a large object behind the first download whole wh
             std::this_thread::sleep_for(std::chrono::milliseconds(10));
         CHECK(whole_parts() == 4);
         if (!direct) CHECK(eng->direct() == direct_before);  // every body went through on_write
+        if (memory) {  // the room, in the budget's division: a channel's share, within the budget
+            const auto f = p.figures();
+            INFO(f.table());
+            bool room = false;
+            std::uint64_t spent = 0;
+            for (const auto& [what, bytes] : f.budget) {
+                if (what.starts_with("fetch: room for the parts")) room = bytes >= 3 * (part - 2 * mib);
+                if (what != "memory budget" && !what.starts_with("each of ")) spent += bytes;
+                if (what.starts_with("each of ")) spent += bytes * std::stoull(what.substr(8));
+            }
+            CHECK(room);
+            CHECK(spent <= memory);
+        }
     }
 }
 

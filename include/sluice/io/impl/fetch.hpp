@@ -261,17 +261,25 @@ inline std::shared_ptr<const s3_config> s3_for(fetch_run& run, const fetch_optio
 }
 
 
-inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o, std::vector<knob>* knobs, bool budgeted) {
+inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o, std::vector<knob>* knobs,
+                                                 std::vector<budget_share>* shares) {
     auto run = std::make_shared<fetch_run>();
     // Room for the parts waiting their turn: as much as the output channel holds, so the
-    // stage holds at most twice that beyond its requests' two chunks each. Not under a
-    // memory budget (pipeline_options::memory), whose division has no share for it yet:
-    // there each part holds its two chunks, as before.
-    const std::size_t chunk = chunk_bytes(o);
-    if (o.parallel_parts && o.parts_in_flight > 1 && !budgeted) {
-        run->part_room = o.out.bytes ? o.out.bytes : std::uint64_t{64} << 20;
-        // The parts of one object fit in the room only if none is larger than its share.
-        run->part_grow_max = std::max<std::uint64_t>(chunk, run->part_room / (o.parts_in_flight - 1) / chunk * chunk);
+    // stage holds at most twice that beyond its requests' two chunks each. Under a memory
+    // budget (pipeline_options::memory) the output channel holds its share of the budget,
+    // and so does the room: the division counts it as one more channel.
+    if (o.parallel_parts && o.parts_in_flight > 1) {
+        const std::uint64_t own = o.out.bytes ? o.out.bytes : std::uint64_t{64} << 20;
+        auto size = [chunk = std::uint64_t{chunk_bytes(o)}, waiting = o.parts_in_flight - 1](fetch_run& r, std::uint64_t room) {
+            r.part_room = room;
+            // The parts of one object fit in the room only if none is larger than its share.
+            r.part_grow_max = std::max(chunk, room / waiting / chunk * chunk);
+        };
+        if (!shares) size(*run, own);
+        else
+            shares->push_back({.what = "fetch: room for the parts of large objects waiting their turn",
+                               .give = [size, own, run](std::uint64_t share) { size(*run, std::min(own, share)); },
+                               .as_channel = true});
     }
     run->limit = std::make_shared<aimd_limit>(o.concurrency, o.min_concurrency);
     if (!o.shared_limit.empty())
@@ -314,7 +322,7 @@ inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o, std::ve
         // with 8 MiB, bench/RESULTS.md issue 17); smaller ones save nothing, so its floor
         // is where it starts and it only climbs. A part streams through the same few
         // chunks whatever its size, and what waiting parts hold beyond those comes from
-        // the stage's room (fetch_run::part_room, none under a budget): no memory of its
+        // the stage's room (fetch_run::part_room, a channel's share under a budget): no memory of its
         // own. A change applies from the next part.
         std::weak_ptr<fetch_run> w = run;
         const auto given = static_cast<unsigned>(o.part_size / mib);
