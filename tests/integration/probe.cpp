@@ -421,6 +421,21 @@ TEST_CASE("sluice-probe --memory caps what the tuner may spend on requests in fl
     CHECK(r.err.find("budget: fetch.concurrency: 4 at 3145728 bytes each (tuned: more where each holds less): 12582912 bytes") !=
           std::string::npos);
     CHECK(r.err.find("settled: at the memory budget's share") != std::string::npos);
+    // Twice the budget, twice the requests: the fetch's room for the parts of large
+    // objects, which the division sizes as one more channel, takes nothing from the
+    // settings' quarter, in the division or in the tuner's ceiling (twice the requests
+    // take half the time: 12 epochs give the tuner its windows).
+    auto r2 = probe({"--format", "raw", "--tune", "--memory", std::to_string(96u << 20), "--epochs", "12", "--json",
+                     slow.url("shard-{000000..000039}.bin")});
+    INFO(r2.err << r2.out);
+    REQUIRE(r2.status == 0);
+    const auto [k96, settled96] = tuned_in_flight(r2.out);
+    CHECK(k96 == 8);
+    CHECK(settled96);
+    CHECK(r2.err.find("budget: fetch.concurrency: 8 at 3145728 bytes each (tuned: more where each holds less): 25165824 bytes") !=
+          std::string::npos);
+    CHECK(r2.err.find("budget: fetch: room for the parts of large objects waiting their turn (as a channel): ") !=
+          std::string::npos);
 
     dataset small({"--files", "200", "--records", "1", "--record-size", "4096", "--format", "raw", "--seed", "41"});
     sluice_test::fault_server slow2(small.dir.path().string(), {"--ttfb-ms", "30", "--max-concurrent", "32"});

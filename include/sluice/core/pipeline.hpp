@@ -409,6 +409,12 @@ private:
     // either way.
     static constexpr std::uint64_t pool_share_of_budget = 3;
 
+    // The shares that take part of the settings' quarter (not those sized as channels).
+    static std::size_t settings_shares(const std::vector<detail::budget_share>& shares) {
+        return static_cast<std::size_t>(
+            std::count_if(shares.begin(), shares.end(), [](const detail::budget_share& sh) { return !sh.as_channel; }));
+    }
+
     // The memory budget (pipeline_options::memory), divided before anything runs: a
     // third to the buffer pool's cache (set with the runtime), what stages hold whatever
     // the budget says (a shuffle's max_bytes) first, a quarter shared by the settings whose
@@ -426,9 +432,8 @@ private:
         b.push_back({"buffer pool cache", pool});
         std::uint64_t spent = add(pool, r.fixed_bytes);
         if (r.fixed_bytes) b.push_back({"held by stages whatever the budget (a shuffle's max_bytes)", r.fixed_bytes});
-        const auto as_channels = static_cast<std::size_t>(
-            std::count_if(r.shares.begin(), r.shares.end(), [](const detail::budget_share& sh) { return sh.as_channel; }));
-        const std::size_t n = detail::memory_knobs(r.knobs) + r.shares.size() - as_channels;
+        const std::size_t as_channels = r.shares.size() - settings_shares(r.shares);
+        const std::size_t n = detail::memory_knobs(r.knobs) + settings_shares(r.shares);
         for (auto& sh : r.shares) {
             if (sh.as_channel) continue;  // below, with the channels
             const std::uint64_t part = M / 4 / n;
@@ -569,7 +574,7 @@ private:
             }
         }
         if (opts_.tune && !r->knobs.empty()) {
-            r->climb = std::make_unique<detail::hill_climb>(r->knobs, opts_.memory, r->shares.size());
+            r->climb = std::make_unique<detail::hill_climb>(r->knobs, opts_.memory, settings_shares(r->shares));
             r->climb->begin(0);
         }
         for (std::size_t i = 0; i < src_.links().size(); ++i) {
