@@ -72,9 +72,10 @@ struct pipeline_options {
     bool tune = false;
     /// One memory budget for the pipeline, in bytes (0: none, each stage's own limits):
     /// divided at the start among the buffer pool's cache, fetch's requests in flight (a
-    /// request holds up to three chunks), what stages hold whatever it says (a shuffle's
-    /// max_bytes) and every channel's byte budget; tuned or not. See the README's "One
-    /// memory budget, and the tuner"; figures().budget shows the division.
+    /// request holds up to three chunks) and to_device's ring, what stages hold whatever it
+    /// says (a shuffle's max_bytes), and every channel's byte budget and fetch's room for
+    /// waiting parts; tuned or not. See the README's "One memory budget, and the tuner";
+    /// figures().budget shows the division.
     std::uint64_t memory = 0;
     /// Prometheus text export of the live figures (see metrics_options).
     metrics_options metrics = {};
@@ -461,11 +462,14 @@ private:
         spent = add(spent, share * limits.size());
         for (auto& sh : r.shares) {
             if (!sh.as_channel) continue;
-            sh.give(share);
-            spent = add(spent, share);
-            b.push_back({sh.what + " (as a channel)", share});
+            const std::uint64_t part = sh.most ? std::min(sh.most, share) : share;
+            sh.give(part);
+            spent = add(spent, part);
+            b.push_back({sh.what + " (as a channel)", part});
         }
-        if (spent > M) b.push_back({"OVER the budget by (its floors: 1 MiB a channel, a setting's minimum, a shuffle's max_bytes)", spent - M});
+        if (spent > M)
+            b.push_back({"OVER the budget by (its floors: 1 MiB a channel and a fetch's room, a setting's minimum, a shuffle's max_bytes)",
+                         spent - M});
     }
 
     void start_locked() {

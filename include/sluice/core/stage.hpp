@@ -226,6 +226,9 @@ struct budget_share {
     /// setting (a part of the quarter the settings share): for memory that, like a
     /// channel's, holds bytes on their way downstream.
     bool as_channel = false;
+    /// As a channel: the most it can use (its own byte limit, as a channel's `.out.bytes`);
+    /// it is given at most this, and the division counts what it is given. 0: no limit.
+    std::uint64_t most = 0;
 };
 
 struct setup_internal {
@@ -251,8 +254,8 @@ struct setup_internal {
     /// max_bytes: its buffer decides the order, so the budget cannot shrink it); null
     /// without a budget.
     std::uint64_t* fixed_bytes = nullptr;
-    /// Where a stage asks for a share of the memory budget, equal to a tuner setting's
-    /// (see budget_share); null without a budget.
+    /// Where a stage asks for a share of the memory budget, equal to a tuner setting's or,
+    /// `as_channel`, to a channel's (see budget_share); null without a budget.
     std::vector<budget_share>* shares = nullptr;
     /// Whether the pipeline has a memory budget (pipeline_options::memory).
     bool budgeted() const noexcept { return shares != nullptr; }

@@ -26,18 +26,23 @@ TEST_CASE("a fetch run's room for the parts waiting their turn: the output chann
     CHECK(small->part_room == 4 * mib);
     CHECK(small->part_grow_max == mib);  // parts stay at part_size then (8 MiB: the floor)
     // Under a budget the room is what the division gives it as one more channel, at most
-    // the output channel's own bytes, and nothing until then.
+    // the output channel's own bytes (the division caps it there), and nothing until then.
     std::vector<sluice::detail::budget_share> shares;
     auto budgeted = sluice::detail::make_fetch_run({}, nullptr, &shares);
     CHECK(budgeted->part_room == 0);
     REQUIRE(shares.size() == 1);
     CHECK(shares[0].as_channel);
+    CHECK(shares[0].most == 64 * mib);
     shares[0].give(12 * mib);
     CHECK(budgeted->part_room == 12 * mib);
     CHECK(budgeted->part_grow_max == 4 * mib);
-    shares[0].give(512 * mib);
+    shares[0].give(64 * mib);
     CHECK(budgeted->part_room == 64 * mib);
     CHECK(budgeted->part_grow_max == 21 * mib);
+    std::vector<sluice::detail::budget_share> own;
+    sluice::detail::make_fetch_run({.out = {4, 4 * mib}}, nullptr, &own);
+    REQUIRE(own.size() == 1);
+    CHECK(own[0].most == 4 * mib);
     std::vector<sluice::detail::budget_share> none;
     sluice::detail::make_fetch_run({.parts_in_flight = 1}, nullptr, &none);
     sluice::detail::make_fetch_run({.parallel_parts = false}, nullptr, &none);
@@ -120,6 +125,13 @@ TEST_CASE("a tuned fetch offers its requests in flight as a knob between its flo
     sluice::detail::make_fetch_run({.concurrency = 48}, &grow);
     REQUIRE(grow.size() == 1);
     CHECK(grow[0].name == "concurrency");
+    // A chunk_size of 0 asks for 1 MiB chunks: a request holds three of them, not nothing
+    // (which a memory budget would not cap).
+    std::vector<sluice::detail::knob> zero;
+    sluice::detail::make_fetch_run({.concurrency = 48, .chunk_size = 0}, &zero);
+    REQUIRE(zero.size() == 1);
+    CHECK(zero[0].bytes_each == 3u << 20);
+    CHECK(zero[0].bytes_now() == 3u << 20);
     std::vector<sluice::detail::knob> none;
     sluice::detail::make_fetch_run({.concurrency = 1, .parallel_parts = false}, &none);
     CHECK(none.empty());

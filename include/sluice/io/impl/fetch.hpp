@@ -278,8 +278,9 @@ inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o, std::ve
         if (!shares) size(*run, own);
         else
             shares->push_back({.what = "fetch: room for the parts of large objects waiting their turn",
-                               .give = [size, own, run](std::uint64_t share) { size(*run, std::min(own, share)); },
-                               .as_channel = true});
+                               .give = [size, run](std::uint64_t share) { size(*run, share); },
+                               .as_channel = true,
+                               .most = own});
     }
     run->limit = std::make_shared<aimd_limit>(o.concurrency, o.min_concurrency);
     if (!o.shared_limit.empty())
@@ -299,9 +300,9 @@ inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o, std::ve
                           .min = std::max(1u, std::min(o.min_concurrency, o.concurrency)),
                           .max = o.concurrency,
                           .start = std::min(o.concurrency, 8u),
-                          .bytes_each = 3 * std::uint64_t{o.chunk_size},
+                          .bytes_each = 3 * std::uint64_t{chunk_bytes(o)},
                           // Three chunks, or three objects where objects are smaller.
-                          .bytes_now = [wr = std::weak_ptr<fetch_run>(run), chunk = std::uint64_t{o.chunk_size}]() -> std::uint64_t {
+                          .bytes_now = [wr = std::weak_ptr<fetch_run>(run), chunk = std::uint64_t{chunk_bytes(o)}]() -> std::uint64_t {
                               auto r = wr.lock();
                               if (!r) return 3 * chunk;
                               const auto n = r->objects_done.load(std::memory_order_relaxed);
