@@ -423,7 +423,8 @@ private:
     // theirs while they run (to_device's ring), and the rest in equal shares
     // to every channel's byte budget (a channel's own smaller budget stays) and to what
     // stages hold as a channel would (fetch's room for waiting parts). Floors (1 MiB
-    // a channel, a setting's minimum) can overshoot a tiny budget: the figures say so.
+    // a channel and a fetch's room, a setting's minimum) can overshoot a tiny budget: the
+    // figures say so.
     void divide_budget(running& r, std::vector<channel_limits>& limits) const {
         const std::uint64_t M = opts_.memory;
         auto add = [](std::uint64_t a, std::uint64_t b) { return a > ~std::uint64_t{0} - b ? ~std::uint64_t{0} : a + b; };
@@ -433,8 +434,8 @@ private:
         b.push_back({"buffer pool cache", pool});
         std::uint64_t spent = add(pool, r.fixed_bytes);
         if (r.fixed_bytes) b.push_back({"held by stages whatever the budget (a shuffle's max_bytes)", r.fixed_bytes});
-        const std::size_t as_channels = r.shares.size() - settings_shares(r.shares);
-        const std::size_t n = detail::memory_knobs(r.knobs) + settings_shares(r.shares);
+        const std::size_t settings = settings_shares(r.shares), as_channels = r.shares.size() - settings;
+        const std::size_t n = detail::memory_knobs(r.knobs) + settings;
         for (auto& sh : r.shares) {
             if (sh.as_channel) continue;  // below, with the channels
             const std::uint64_t part = M / 4 / n;
