@@ -491,6 +491,7 @@ private:
             if (!links[i]->setup) continue;
             stage_setup s{*r->rt};
             s.internal.upstream_memory = i ? &memory[i - 1] : nullptr;
+            s.internal.memory = memory[i];
             s.internal.run = r->env.run.get();
             s.internal.at = i;
             if (opts_.tune || opts_.memory) s.internal.knobs = &r->knobs;

@@ -235,6 +235,9 @@ struct setup_internal {
     /// The memory the previous stage should allocate its outputs from (null for the
     /// first stage); a setup may set it (to_device asks for its engine's staging memory).
     std::shared_ptr<buffer_source>* upstream_memory = nullptr;
+    /// The memory this stage's own outputs will be allocated from, as the next stage's
+    /// setup chose it (setups run last stage first); null: the runtime's pool.
+    std::shared_ptr<buffer_source> memory = nullptr;
     /// Shared by every stage of this run (see core/state.hpp).
     run_state* run = nullptr;
     /// For the pipeline's last stage: asked when the consumer is about to wait for an

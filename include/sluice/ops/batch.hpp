@@ -203,9 +203,9 @@ private:
 
 /// Whether the collating workers take batch memory from their runtime's own pool (not a
 /// device's staging memory, whose slots the group stage must not hold), shared between the
-/// group and batch stages of one batch() recipe: a worker that starts notes its
-/// runtime's pool here, and the group stage copies records on arrival only once its own
-/// runtime's pool is noted (until then, or otherwise, nothing is copied early). A recipe
+/// group and batch stages of one batch() recipe: the collating stage's setup notes its
+/// runtime's pool here, and the group stage copies records on arrival only where its own
+/// runtime's pool is noted (otherwise nothing is copied early). A recipe
 /// may run in several pipelines, one after another or at once, so pools are kept per
 /// runtime, weakly: a finished pipeline's pool is not kept alive.
 class collation_memory {
@@ -268,7 +268,7 @@ public:
     void add(std::vector<record>& group, std::size_t n) {
         if (!slot_ || off_) return;
         if (!buf_) {
-            if (!slot_->noted(pool_)) return;  // the collator has not started: the records so far wait
+            if (!slot_->noted(pool_)) return;  // the collator allocates from other memory
             mem_ = pool_;
             // The first group's guess is bounded: one large record among small ones must
             // not ask for hundreds of times its size.
@@ -606,12 +606,17 @@ stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = f
             });
         auto collated = gated_stage(make_stage<G, host_batch>(
             "batch", {.concurrency = o.concurrency, .order = ordering::ordered, .on = pool::cpu, .out = o.out},
-            [checks](stage_setup& s) {
+            [checks, o, memory](stage_setup& s) {
                 if (checks) note_record_checks(s.internal.run, s.internal.at, true);  // checks as it copies
+                // Noted here, before any stage runs, so that the group stage copies on
+                // arrival from its first group whenever the collator allocates from the
+                // same pool (a note taken when a collating worker first ran came after two
+                // whole groups once, on a busy machine).
+                std::shared_ptr<buffer_source> mem = o.memory ? o.memory : s.internal.memory;
+                if (!mem || mem == s.rt.buffers()) memory->note(s.rt.buffers());
             },
-            [o, stamped, helped, memory](stage_context<G, host_batch>& ctx) {
+            [o, stamped, helped](stage_context<G, host_batch>& ctx) {
                 std::shared_ptr<buffer_source> mem = o.memory ? o.memory : ctx.memory;
-                if (mem == ctx.rt.buffers()) memory->note(mem);  // the group stage copies records on arrival into it
                 std::optional<executor> helper;
                 std::atomic<std::uint64_t>* count = nullptr;
                 if (helped && ctx.rt.cpu_threads() >= 2) {
