@@ -71,6 +71,42 @@ inline std::uint64_t now_ns() noexcept {
                                           std::chrono::steady_clock::now().time_since_epoch())
                                           .count());
 }
+/// Holds the coroutine wake-ups a channel or turnstile decides under its mutex until the
+/// mutex is released (declared before the lock, it ends after it): posting a resumption
+/// may wake a sleeping pool thread (a futex call), and a woken coroutine that goes for the
+/// same mutex at once would otherwise find it still held and sleep on it too. Per thread
+/// and nested: the outermost one posts. A waiter, once popped from its queue, is resumed
+/// only by this post, so it waits for it in place.
+class wake_after_unlock {
+public:
+    wake_after_unlock() noexcept { ++depth(); }
+    wake_after_unlock(const wake_after_unlock&) = delete;
+    wake_after_unlock& operator=(const wake_after_unlock&) = delete;
+    ~wake_after_unlock() {
+        if (--depth() != 0) return;
+        auto& l = held();
+        for (std::size_t i = 0; i < l.size(); ++i) resume_on(l[i].ex, l[i].h);
+        l.clear();
+    }
+    /// Whether a wake-up now is held (else it is posted at once).
+    static bool holding() noexcept { return depth() != 0; }
+    static void hold(const executor& ex, std::coroutine_handle<> h) { held().push_back({ex, h}); }
+
+private:
+    struct wakeup {
+        executor ex;
+        std::coroutine_handle<> h;
+    };
+    static unsigned& depth() noexcept {
+        thread_local unsigned d = 0;
+        return d;
+    }
+    static std::vector<wakeup>& held() {
+        thread_local std::vector<wakeup> l;
+        return l;
+    }
+};
+
 struct waiter {
     waiter* next = nullptr;
     std::coroutine_handle<> h;
@@ -78,11 +114,16 @@ struct waiter {
     std::condition_variable* cv = nullptr;
     bool woken = false;
     // Called with the channel's mutex held; the waiter may be gone as soon as the
-    // coroutine resumes, so copy what we need before posting.
+    // coroutine resumes, so copy what we need before posting. A blocked thread is
+    // notified under the mutex (its condition variable lives only while it waits); a
+    // coroutine's resumption is held for the end of the lock where a wake_after_unlock is
+    // in scope.
     void wake() {
         woken = true;
         if (cv) {
             cv->notify_one();
+        } else if (wake_after_unlock::holding()) {
+            wake_after_unlock::hold(ex, h);
         } else {
             auto handle = h;
             auto e = ex;
@@ -142,6 +183,7 @@ public:
     /// A producer has finished; `error`, if any, reaches receivers after the buffered
     /// items (the first error wins).
     void producer_done(std::exception_ptr error = nullptr) {
+        detail::wake_after_unlock wakes;
         std::lock_guard lock(m_);
         if (error && !error_) error_ = error;
         if (producers_ > 0 && --producers_ == 0) close_locked();
@@ -149,6 +191,7 @@ public:
 
     /// Close now: no more sends; receivers get what is buffered, then end or `error`.
     void close(std::exception_ptr error = nullptr) {
+        detail::wake_after_unlock wakes;
         std::lock_guard lock(m_);
         if (error && !error_) error_ = error;
         close_locked();
@@ -173,6 +216,7 @@ public:
     /// Blocking send for an ordinary thread.
     bool send_blocking(T v) {
         const std::size_t weight = weigh(v);
+        detail::wake_after_unlock wakes;
         std::unique_lock lock(m_);
         if (int r = try_send_locked(v, weight); r >= 0) return r == 1;
         std::condition_variable cv;
@@ -212,6 +256,7 @@ public:
     void cancel() {
         std::function<void()> hook;
         {
+            detail::wake_after_unlock wakes;
             std::lock_guard lock(m_);
             if (cancelled_) return;
             cancelled_ = true;
@@ -256,6 +301,7 @@ public:
     /// limit stays). Raising it admits waiting senders at once; lowering it drops nothing,
     /// it takes effect as items leave.
     void set_items(std::size_t n) {
+        detail::wake_after_unlock wakes;
         std::lock_guard lock(m_);
         n = std::max<std::size_t>(n, 1);
         if (n > ring_.size()) {
@@ -272,6 +318,7 @@ private:
     std::optional<T> receive_blocking_until(std::optional<std::chrono::steady_clock::time_point> deadline,
                                             detail::wait_meter wait_ns) {
         std::optional<T> out;
+        detail::wake_after_unlock wakes;
         std::unique_lock lock(m_);
         std::exception_ptr err;
         if (try_receive_locked(out, nullptr, err)) {
@@ -419,6 +466,7 @@ public:
             this->w_.weight = ch.weigh(item_);  // user code (byte_size) runs before locking
         }
         bool await_ready() {
+            detail::wake_after_unlock wakes;  // a false return leaves it locked, having woken no one
             this->ch_.m_.lock();
             int r;
             try {  // an item's move may throw: never leave the channel locked
@@ -468,6 +516,7 @@ public:
         receive_awaiter(channel& ch, detail::wait_meter wait_ns, std::uint64_t* index)
             : ch_(ch), wait_ns_(wait_ns), index_(index) {}
         bool await_ready() {  // see sender_slot on the mutex
+            detail::wake_after_unlock wakes;  // a false return leaves it locked, having woken no one
             ch_.m_.lock();
             bool done;
             try {

@@ -2,6 +2,7 @@
 
 #include "support/test_support.hpp"
 
+#include <asio/io_context.hpp>
 #include <asio/thread_pool.hpp>
 
 #include <latch>
@@ -229,6 +230,36 @@ TEST_CASE("cancel wakes every waiting sender and receiver", "[channel]") {
     REQUIRE(receivers_ended.load() == 5);
     REQUIRE_FALSE(full.send_blocking(2));  // later sends fail
     REQUIRE_FALSE(full.receive_blocking());  // and the buffered item was dropped
+}
+
+TEST_CASE("a waiting coroutine's wake-up is posted once the lock is released, not under it", "[channel]") {
+    // Posting may wake a sleeping pool thread (a futex call); the woken coroutine going
+    // for the channel at once found its mutex still held and slept on it too (a quarter of
+    // a raw HTTP run's context switches). The channel holds its wake-ups for the end of
+    // its lock, and the outermost holder on a thread posts them, in order.
+    asio::io_context io;
+    channel<int> ch({4, 0});
+    std::vector<int> got;
+    for (int i = 0; i < 2; ++i)
+        sluice::spawn(io.get_executor(), [](channel<int>& c, std::vector<int>& g) -> task<void> {
+            if (auto v = co_await c.receive()) g.push_back(*v);
+        }(ch, got), [](std::exception_ptr) {});
+    io.poll();  // both run to their receive and wait
+    REQUIRE(got.empty());
+    {
+        sluice::detail::wake_after_unlock outer;
+        REQUIRE(ch.send_blocking(7));  // handed to the first receiver: its lock ends here
+        REQUIRE(ch.send_blocking(8));
+        io.restart();  // a poll that found no work leaves the context stopped
+        CHECK(io.poll() == 0);  // nothing posted while the outer holder lives
+        CHECK(got.empty());
+    }
+    io.restart();
+    CHECK(io.poll() == 2);  // posted as it ended
+    CHECK(got == std::vector<int>{7, 8});
+    REQUIRE(ch.send_blocking(9));  // no receiver waits: buffered, nothing to wake
+    io.restart();
+    CHECK(io.poll() == 0);
 }
 
 TEST_CASE("cancel destroys buffered items exactly once and the channel leaks nothing", "[channel]") {

@@ -59,6 +59,7 @@ public:
     }
 
     void done(std::uint64_t ticket) {
+        wake_after_unlock wakes;
         std::lock_guard lock(m_);
         next_ = ticket + 1;
         // Usually one waiter holds the next ticket; several workers that all saw the end
@@ -73,6 +74,7 @@ public:
     }
 
     void cancel() {
+        wake_after_unlock wakes;
         std::lock_guard lock(m_);
         cancelled_ = true;
         for (auto* w : waiting_) w->wake();  // ok stays false
