@@ -15,7 +15,8 @@
 // - One item larger than the byte budget is admitted when the channel is empty, so an
 //   oversized item slows the pipeline down instead of deadlocking it.
 //
-// Suspended coroutines are resumed by posting to their own executor; ordinary threads
+// Suspended coroutines are resumed by posting to their own executor, once the mutex is
+// released (detail::wake_after_unlock); ordinary threads
 // (the trainer's) block on a condition variable with send_blocking/receive_blocking.
 // Everything is guarded by one mutex: a hop costs one uncontended lock on the fast path.
 
