@@ -77,7 +77,8 @@ inline std::uint64_t now_ns() noexcept {
 /// may wake a sleeping pool thread (a futex call), and a woken coroutine that goes for the
 /// same mutex at once would otherwise find it still held and sleep on it too. Per thread
 /// and nested: the outermost one posts. A waiter, once popped from its queue, is resumed
-/// only by this post, so it waits for it in place.
+/// only by this post, so it waits for it in place. A post that fails (memory exhausted)
+/// ends the process from this destructor: its coroutine would otherwise wait for good.
 class wake_after_unlock {
 public:
     wake_after_unlock() noexcept { ++depth(); }
