@@ -349,11 +349,15 @@ TEST_CASE("a downloader killed inside its commit, after the trailer, is taken ov
         w->write(as_bytes("all twelve b"), 0);
         unsigned char t[lc::trailer_size];  // the trailer commit() writes before flushing and renaming
         std::memcpy(t, lc::magic, sizeof lc::magic);
-        for (int i = 0; i < 8; ++i) t[8 + i] = static_cast<unsigned char>(12u >> (8 * i));
+        // 64 bits wide, as commit() writes it (12u >> 32 is undefined: UBSan stopped the
+        // child before the trailer, and at -O1 the bytes came out wrong).
+        for (int i = 0; i < 8; ++i) t[8 + i] = static_cast<unsigned char>(std::uint64_t{12} >> (8 * i));
         w->write({reinterpret_cast<const std::byte*>(t), sizeof t}, 12);
-        ::_exit(0);
+        ::_exit(w->failed() ? 2 : 0);
     }
-    REQUIRE(::waitpid(pid, nullptr, 0) == pid);
+    int st = 0;
+    REQUIRE(::waitpid(pid, &st, 0) == pid);
+    REQUIRE((WIFEXITED(st) && WEXITSTATUS(st) == 0));  // the child wrote the object and its trailer
     lc c({.dir = d / "c"});
     CHECK_FALSE(c.find(url));
     lc::claim cl;
@@ -380,9 +384,11 @@ TEST_CASE("stale partial copies go only when no one holds their lock", "[cache][
         if (cc.try_claim("http://h/dead.bin", cl) != lc::claim_result::claimed) ::_exit(1);
         auto* w = new lc::writer(cc, "http://h/dead.bin", std::move(cl));
         w->write(as_bytes("dead"), 0);
-        ::_exit(0);
+        ::_exit(w->failed() ? 2 : 0);
     }
-    REQUIRE(::waitpid(pid, nullptr, 0) == pid);
+    int st = 0;
+    REQUIRE(::waitpid(pid, &st, 0) == pid);
+    REQUIRE((WIFEXITED(st) && WEXITSTATUS(st) == 0));
     lc::claim held;  // a live download, longer than stale_after
     REQUIRE(c.try_claim("http://h/live.bin", held) == lc::claim_result::claimed);
     lc::writer live(c, "http://h/live.bin", std::move(held));
