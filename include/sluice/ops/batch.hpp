@@ -204,8 +204,9 @@ private:
 /// Whether the collating workers take batch memory from their runtime's own pool (not a
 /// device's staging memory, whose slots the group stage must not hold), shared between the
 /// group and batch stages of one batch() recipe: the collating stage's setup notes its
-/// runtime's pool here, and the group stage copies records on arrival only where its own
-/// runtime's pool is noted (otherwise nothing is copied early). A recipe
+/// runtime's pool here, and the group stage's setup, which runs after it (setups run last
+/// stage first), asks once whether its own runtime's pool is noted; records are copied on
+/// arrival only where it is (otherwise nothing is copied early). A recipe
 /// may run in several pipelines, one after another or at once, so pools are kept per
 /// runtime, weakly: a finished pipeline's pool is not kept alive.
 class collation_memory {
@@ -259,17 +260,15 @@ public:
     /// A buffer still held (a group cut short by a stop or dropped at an epoch's end) goes
     /// back to the pool with its streamed bytes ordered.
     ~early_collation() { stream_fence(); }
-    /// `pool`: the group stage's runtime's pool, used once `slot` has it noted.
-    early_collation(std::shared_ptr<collation_memory> slot, std::shared_ptr<buffer_source> pool,
-                    std::atomic<std::uint64_t>* copied)
-        : slot_(std::move(slot)), pool_(std::move(pool)), copied_(copied) {}
+    /// `pool`: the group stage's runtime's pool, which the collator allocates from too
+    /// (collation_memory says so before any stage runs; a default-made one copies nothing).
+    early_collation(std::shared_ptr<buffer_source> pool, std::atomic<std::uint64_t>* copied)
+        : mem_(std::move(pool)), copied_(copied) {}
 
     /// `group.back()` just joined a group of `n` records at most.
     void add(std::vector<record>& group, std::size_t n) {
-        if (!slot_ || off_) return;
+        if (!mem_ || off_) return;
         if (!buf_) {
-            if (!slot_->noted(pool_)) return;  // the collator allocates from other memory
-            mem_ = pool_;
             // The first group's guess is bounded: one large record among small ones must
             // not ask for hundreds of times its size.
             const std::size_t first = std::max<std::size_t>(group.front().data.size(), 1);
@@ -342,10 +341,8 @@ private:
     }
 
     static constexpr std::size_t first_guess_max = std::size_t{64} << 20;
-    std::shared_ptr<collation_memory> slot_;
-    std::shared_ptr<buffer_source> pool_;
+    std::shared_ptr<buffer_source> mem_;            // null: nothing is copied early
     std::atomic<std::uint64_t>* copied_ = nullptr;  // the group stage's figure
-    std::shared_ptr<buffer_source> mem_;
     std::shared_ptr<buffer> buf_;
     std::size_t used_ = 0, last_ = 0;
     bool off_ = false;
@@ -577,7 +574,7 @@ stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = f
             // Room for one group when helped, the least that keeps the worker busy
             // (grouping is cheap) and the least held beside it.
             "group", {.on = pool::cpu, .out = {helped ? 1 : o.concurrency, 0}},
-            [o, checks, helped](stage_setup& s) {
+            [o, checks, helped, memory](stage_setup& s) {
                 batch_setup<T>(o)(s);
                 if (checks) note_record_checks(s.internal.run, s.internal.at, false);  // passes them on whole
                 // Under a memory budget, helped: the next group is
@@ -586,10 +583,12 @@ stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = f
                 // between them. The collator still finds the next group ready.
                 // Under a memory budget records are not copied on arrival: the batch
                 // buffer would be taken while the group fills, which the budget's shares
-                // do not foresee.
-                return std::make_shared<group_run>(group_run{helped && s.internal.budgeted(), !s.internal.budgeted()});
+                // do not foresee. The collator's setup, before this one, has noted its pool
+                // if it allocates from this runtime's: asked once here, not per record.
+                return std::make_shared<group_run>(
+                    group_run{helped && s.internal.budgeted(), !s.internal.budgeted() && memory->noted(s.rt.buffers())});
             },
-            [o, memory](stage_context<T, G>& ctx, group_run& run) {
+            [o](stage_context<T, G>& ctx, group_run& run) {
                 if constexpr (copies_early)
                     return batch_worker<T, G>(
                         ctx, o,
@@ -597,7 +596,7 @@ stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = f
                             return G{std::move(g), e, pos, std::move(collated)};
                         },
                         run.one_at_a_time,
-                        run.early ? early_collation(memory, ctx.rt.buffers(), &ctx.stats.counter("copied_on_arrival"))
+                        run.early ? early_collation(ctx.rt.buffers(), &ctx.stats.counter("copied_on_arrival"))
                                   : early_collation());
                 else
                     return batch_worker<T, G>(

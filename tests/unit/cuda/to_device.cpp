@@ -70,6 +70,11 @@ TEST_CASE("the batch stage collates straight into the engine's staging memory", 
             ++n;
         }
         REQUIRE(p.figures().stages.size() >= 4);
+        // Nor were records copied on arrival into the CPU pool's memory (the group stage
+        // asks at setup whether the collator allocates from it; here it does not).
+        for (auto& s : p.figures().stages)
+            for (auto& [name, v] : s.counters)
+                if (name == "copied_on_arrival") REQUIRE(v == 0);
     }
     REQUIRE(n == 6);
     // Released: every staging and destination buffer is back in its pool.

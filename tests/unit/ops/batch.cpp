@@ -526,17 +526,31 @@ TEST_CASE("records that hold a buffer of their own are copied into their batch a
     }
 }
 
+TEST_CASE("the collator's pool is noted per runtime, weakly: another pool is not, a finished one is forgotten", "[batch]") {
+    sluice::detail::collation_memory memory;
+    std::shared_ptr<sluice::buffer_source> a = sluice::buffer_pool::create(std::size_t{1} << 20);
+    std::shared_ptr<sluice::buffer_source> b = sluice::buffer_pool::create(std::size_t{1} << 20);
+    REQUIRE_FALSE(memory.noted(a));
+    memory.note(a);
+    memory.note(a);  // a second pipeline of the same runtime: still one note
+    REQUIRE(memory.noted(a));
+    REQUIRE_FALSE(memory.noted(b));
+    std::weak_ptr<sluice::buffer_source> gone = a;
+    a.reset();
+    REQUIRE(gone.expired());  // the note did not keep a finished pipeline's pool alive
+    memory.note(b);
+    REQUIRE(memory.noted(b));
+}
+
 TEST_CASE("a group copied on arrival waits a little for the last batch's buffer before it takes fresh memory", "[batch]") {
-    auto slot = std::make_shared<sluice::detail::collation_memory>();
     std::shared_ptr<sluice::buffer_source> pool = sluice::buffer_pool::create(std::size_t{256} << 20);
-    slot->note(pool);
     std::atomic<std::uint64_t> copied{0};
     auto s = std::make_shared<const sluice::shard>(sluice::shard{"objects", 0, 0});
     const std::size_t n = 64;  // 64 x 100 KB: a batch of 6.4 MB
     auto object = [&](std::uint64_t i) {
         return sluice::record{sluice::bytes::copy_of(std::string(100'000, char('a' + i % 26))), s, i, 0};
     };
-    sluice::detail::early_collation early(slot, pool, &copied);
+    sluice::detail::early_collation early(pool, &copied);
     auto fill = [&](std::vector<sluice::record>& group, std::size_t count) {
         for (std::size_t i = group.size(); i < count; ++i) {
             group.push_back(object(i));
@@ -579,9 +593,7 @@ TEST_CASE("a group copied on arrival waits a little for the last batch's buffer 
 
 TEST_CASE("a record copied on arrival is checked against its TFRecord checksum, a bad one reported with shard and offset",
           "[batch]") {
-    auto slot = std::make_shared<sluice::detail::collation_memory>();
     std::shared_ptr<sluice::buffer_source> pool = sluice::buffer_pool::create(std::size_t{64} << 20);
-    slot->note(pool);
     std::atomic<std::uint64_t> copied{0};
     auto s = std::make_shared<const sluice::shard>(sluice::shard{"data/train-00007.tfrecord", 0, 0});
     auto tfrecord = [&](const std::string& text, std::uint64_t index, bool good) {
@@ -592,7 +604,7 @@ TEST_CASE("a record copied on arrival is checked against its TFRecord checksum, 
     };
     const std::size_t n = 4;
     SECTION("good records: checked as copied, the batch is the buffer they were copied into") {
-        sluice::detail::early_collation early(slot, pool, &copied);
+        sluice::detail::early_collation early(pool, &copied);
         std::vector<sluice::record> group;
         std::string want;
         for (std::uint64_t i = 0; i < n; ++i) {
@@ -613,7 +625,7 @@ TEST_CASE("a record copied on arrival is checked against its TFRecord checksum, 
         REQUIRE(b.key(3) == "data/train-00007.tfrecord#3");
     }
     SECTION("records of MiBs (a batch streamed): checked as copied, a bad one stops the copies") {
-        sluice::detail::early_collation early(slot, pool, &copied);
+        sluice::detail::early_collation early(pool, &copied);
         std::vector<sluice::record> group;
         for (std::uint64_t i = 0; i < 3; ++i) {
             group.push_back(tfrecord(std::string((i == 0 ? 3u : 2u) << 20, char('p' + i)), i, i != 2));
@@ -627,7 +639,7 @@ TEST_CASE("a record copied on arrival is checked against its TFRecord checksum, 
                             Catch::Contains("bad TFRecord data checksum (record 2)") && Catch::Contains("data/train-00007.tfrecord"));
     }
     SECTION("a bad record stops the copies on arrival; collation reports it") {
-        sluice::detail::early_collation early(slot, pool, &copied);
+        sluice::detail::early_collation early(pool, &copied);
         std::vector<sluice::record> group;
         for (std::uint64_t i = 0; i < n; ++i) {
             group.push_back(tfrecord("record " + std::to_string(i), i, i != 1));
@@ -640,7 +652,7 @@ TEST_CASE("a record copied on arrival is checked against its TFRecord checksum, 
                                 Catch::Contains("1100"));
     }
     SECTION("an empty record's checksum is checked too") {
-        sluice::detail::early_collation early(slot, pool, &copied);
+        sluice::detail::early_collation early(pool, &copied);
         std::vector<sluice::record> group;
         group.push_back(tfrecord("record 0", 0, true));
         early.add(group, n);
@@ -652,7 +664,7 @@ TEST_CASE("a record copied on arrival is checked against its TFRecord checksum, 
                             Catch::Contains("bad TFRecord data checksum (record 1)"));
     }
     SECTION("a group's buffer is sized from the last group: the next one does not grow") {
-        sluice::detail::early_collation early(slot, pool, &copied);
+        sluice::detail::early_collation early(pool, &copied);
         for (int round = 0; round < 2; ++round) {
             std::vector<sluice::record> group;
             const std::byte* first = nullptr;
@@ -669,8 +681,8 @@ TEST_CASE("a record copied on arrival is checked against its TFRecord checksum, 
         }
         REQUIRE(copied == 2 * n);
     }
-    SECTION("no memory offered yet: nothing is copied") {
-        sluice::detail::early_collation early(std::make_shared<sluice::detail::collation_memory>(), pool, &copied);
+    SECTION("no memory offered (the collator allocates elsewhere): nothing is copied") {
+        sluice::detail::early_collation early;
         std::vector<sluice::record> group{tfrecord("x", 0, true)};
         early.add(group, n);
         REQUIRE(copied == 0);
