@@ -291,6 +291,15 @@ public:
         }
         copy_in(group, group.size() - 1);
     }
+    /// The next epoch's groups are sized from the last batch of `last`, the epoch before
+    /// (and wait their first eighth for its buffer): without it each epoch's first group
+    /// guessed from its first record and, finding no kept buffer of that size class while
+    /// the last epoch's batches were still with the consumer, faulted in a fresh one. Five
+    /// epochs of 2,000 objects of 50-150 KB took three batch buffers (28, 32 and 40 MiB),
+    /// and zeroing their huge pages was 13 % of the run's CPU on a VM (bench/RESULTS.md).
+    void size_from(const early_collation& last) noexcept {
+        if (last.last_) last_ = last.last_;
+    }
     /// The group is complete: the buffer its records lie in, in order (null when some were
     /// left for collation to copy). The next group starts a buffer of its own.
     std::shared_ptr<const buffer> take() {
@@ -486,8 +495,13 @@ task<void> batch_worker(stage_context<T, Out>& ctx, batch_options o, F collate, 
                                     "sample they came from)");
     auto flush = [&](std::uint32_t e, open_epoch& g) -> Out {
         Out out = [&] {
-            if constexpr (copies_early) return collate(g.group, e, g.seen, g.early.take());
-            else return collate(g.group, e, g.seen);
+            if constexpr (copies_early) {
+                auto collated = g.early.take();
+                early.size_from(g.early);  // an epoch opened later starts from this batch's size
+                return collate(g.group, e, g.seen, std::move(collated));
+            } else {
+                return collate(g.group, e, g.seen);
+            }
         }();
         g.group.clear();
         if (ctx.internal.run) ctx.internal.run->push_stamp({e, g.seen});  // see pipeline::state()

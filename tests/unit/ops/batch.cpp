@@ -542,6 +542,50 @@ TEST_CASE("the collator's pool is noted per runtime, weakly: another pool is not
     REQUIRE(memory.noted(b));
 }
 
+TEST_CASE("an epoch's first group copied on arrival is sized from the last epoch's batch and reuses its buffer",
+          "[batch]") {
+    std::shared_ptr<sluice::buffer_source> pool = sluice::buffer_pool::create(std::size_t{256} << 20);
+    std::atomic<std::uint64_t> copied{0};
+    auto s = std::make_shared<const sluice::shard>(sluice::shard{"objects", 0, 0});
+    const std::size_t n = 64;
+    // A small first record, then 100 KB ones: a guess from the first record (64 KB) is far
+    // too small for the batch (6.3 MB).
+    auto text = [](std::uint64_t i) { return std::string(i == 0 ? 1'000 : 100'000, char('a' + i % 26)); };
+    // Where the group's first record was copied to when it arrived.
+    auto fill = [&](sluice::detail::early_collation& early, std::vector<sluice::record>& group) {
+        const std::byte* at = nullptr;
+        for (std::size_t i = 0; i < n; ++i) {
+            group.push_back(sluice::record{sluice::bytes::copy_of(text(i)), s, i, 0});
+            early.add(group, n);
+            if (i == 0) at = group[0].data.data();
+        }
+        return at;
+    };
+    // As batch_worker keeps it: each epoch opens with a copy of the worker's own.
+    sluice::detail::early_collation worker(pool, &copied);
+    sluice::detail::early_collation epoch1 = worker;
+    std::vector<sluice::record> g1;
+    fill(epoch1, g1);
+    auto b1 = epoch1.take();
+    REQUIRE(b1 != nullptr);
+    const std::byte* first = b1->data();
+    worker.size_from(epoch1);
+    b1.reset();
+    g1.clear();  // the consumer let the last epoch's batch go
+    sluice::detail::early_collation epoch2 = worker;
+    std::vector<sluice::record> g2;
+    const std::byte* at = fill(epoch2, g2);
+    REQUIRE(copied == 2 * n);
+    auto b2 = epoch2.take();
+    REQUIRE(b2 != nullptr);
+    // Sized from the last batch: its first record went straight into the kept buffer,
+    // which held the whole batch (from the first record's 64 KB guess it would have gone
+    // to a small buffer, grown and moved as the group filled).
+    REQUIRE(at == first);
+    REQUIRE(b2->data() == first);
+    for (std::size_t i = 0; i < n; ++i) REQUIRE(g2[i].data.view() == text(i));
+}
+
 TEST_CASE("a group copied on arrival waits a little for the last batch's buffer before it takes fresh memory", "[batch]") {
     std::shared_ptr<sluice::buffer_source> pool = sluice::buffer_pool::create(std::size_t{256} << 20);
     std::atomic<std::uint64_t> copied{0};
