@@ -268,6 +268,7 @@ public:
     /// `group.back()` just joined a group of `n` records at most.
     void add(std::vector<record>& group, std::size_t n) {
         if (!mem_ || off_) return;
+        whole_ = group.size() == n;
         if (!buf_) {
             // The first group's guess is bounded: one large record among small ones must
             // not ask for hundreds of times its size.
@@ -291,20 +292,25 @@ public:
         }
         copy_in(group, group.size() - 1);
     }
-    /// The next epoch's groups are sized from the last batch of `last`, the epoch before
-    /// (and wait their first eighth for its buffer): without it each epoch's first group
+    /// The next epoch's groups are sized from the last whole batch of `last`, the epoch
+    /// before (an epoch's short last batch would mislead them), and wait their first eighth
+    /// for its buffer: without it each epoch's first group
     /// guessed from its first record and, finding no kept buffer of that size class while
     /// the last epoch's batches were still with the consumer, faulted in a fresh one. Five
     /// epochs of 2,000 objects of 50-150 KB took three batch buffers (28, 32 and 40 MiB),
     /// and zeroing their huge pages was 13 % of the run's CPU on a VM (bench/RESULTS.md).
     void size_from(const early_collation& last) noexcept {
-        if (last.last_) last_ = last.last_;
+        if (const std::size_t size = last.whole_last_ ? last.whole_last_ : last.last_) last_ = size;
     }
     /// The group is complete: the buffer its records lie in, in order (null when some were
     /// left for collation to copy). The next group starts a buffer of its own.
     std::shared_ptr<const buffer> take() {
         stream_fence();  // the streaming stores, before another thread reads the batch
-        if (!off_ && buf_) last_ = used_;
+        if (!off_ && buf_) {
+            last_ = used_;
+            if (whole_) whole_last_ = used_;
+        }
+        whole_ = false;
         std::shared_ptr<const buffer> b = off_ ? nullptr : std::move(buf_);
         buf_.reset();
         used_ = 0;
@@ -354,6 +360,8 @@ private:
     std::atomic<std::uint64_t>* copied_ = nullptr;  // the group stage's figure
     std::shared_ptr<buffer> buf_;
     std::size_t used_ = 0, last_ = 0;
+    std::size_t whole_last_ = 0;  // the bytes of the last group that reached the batch size
+    bool whole_ = false;          // this group has reached it
     bool off_ = false;
     bool stream_ = false;  // copy_in writes with streaming stores
 };

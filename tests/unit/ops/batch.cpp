@@ -571,11 +571,22 @@ TEST_CASE("an epoch's first group copied on arrival is sized from the last epoch
     const std::byte* first = b1->data();
     worker.size_from(epoch1);
     b1.reset();
-    g1.clear();  // the consumer let the last epoch's batch go
+    g1.clear();  // the consumer let the batch go
+    // The epoch's short last batch, one small record, copied into the same buffer: the
+    // next epoch is still sized from the last whole batch (from this one's 1 KB, its first
+    // record would go to a small buffer).
+    std::vector<sluice::record> last{sluice::record{sluice::bytes::copy_of(text(0)), s, 0, 0}};
+    epoch1.add(last, n);
+    auto b_last = epoch1.take();
+    REQUIRE(b_last != nullptr);
+    REQUIRE(b_last->data() == first);
+    worker.size_from(epoch1);
+    b_last.reset();
+    last.clear();
     sluice::detail::early_collation epoch2 = worker;
     std::vector<sluice::record> g2;
     const std::byte* at = fill(epoch2, g2);
-    REQUIRE(copied == 2 * n);
+    REQUIRE(copied == 2 * n + 1);
     auto b2 = epoch2.take();
     REQUIRE(b2 != nullptr);
     // Sized from the last batch: its first record went straight into the kept buffer,
