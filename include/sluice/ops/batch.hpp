@@ -292,15 +292,18 @@ public:
         }
         copy_in(group, group.size() - 1);
     }
-    /// The next epoch's groups are sized from the last whole batch of `last`, the epoch
-    /// before (an epoch's short last batch would mislead them), and wait their first eighth
-    /// for its buffer: without it each epoch's first group
-    /// guessed from its first record and, finding no kept buffer of that size class while
-    /// the last epoch's batches were still with the consumer, faulted in a fresh one. Five
+    /// Takes the size of `last`'s last whole batch (else of its last batch), after each
+    /// batch of any epoch: an epoch opened later starts as a copy of this one, so its first
+    /// group is sized from it (an epoch's short last batch would mislead it) and, from the
+    /// sizes a pool keeps up, waits its first eighth for that buffer. Without it each
+    /// epoch's first group guessed from its first record and, finding no kept buffer of
+    /// that size class while the last epoch's batches were still with the consumer,
+    /// faulted in a fresh one. Five
     /// epochs of 2,000 objects of 50-150 KB took three batch buffers (28, 32 and 40 MiB),
     /// and zeroing their huge pages was 13 % of the run's CPU on a VM (bench/RESULTS.md).
     void size_from(const early_collation& last) noexcept {
         if (const std::size_t size = last.whole_last_ ? last.whole_last_ : last.last_) last_ = size;
+        if (last.whole_last_) whole_last_ = last.whole_last_;  // kept by the copy: its own short first batch does not win
     }
     /// The group is complete: the buffer its records lie in, in order (null when some were
     /// left for collation to copy). The next group starts a buffer of its own.
@@ -505,7 +508,7 @@ task<void> batch_worker(stage_context<T, Out>& ctx, batch_options o, F collate, 
         Out out = [&] {
             if constexpr (copies_early) {
                 auto collated = g.early.take();
-                early.size_from(g.early);  // an epoch opened later starts from this batch's size
+                early.size_from(g.early);  // an epoch opened later starts from the last whole batch's size
                 return collate(g.group, e, g.seen, std::move(collated));
             } else {
                 return collate(g.group, e, g.seen);
