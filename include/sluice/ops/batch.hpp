@@ -243,9 +243,9 @@ inline constexpr std::size_t streamed_batch_bytes = std::size_t{4} << 20;
 /// its bytes are still in the cache and its buffer goes back to the pool for the next
 /// object. Records are copied in the order they join, so the batch is the buffer's first
 /// bytes and collate_records has nothing left to copy. The buffer is sized from the last
-/// group's bytes (the first: its first record times the batch size, at most 64 MiB;
-/// allocate_varying adds a size class) and grows by half, moving what is in it, when a
-/// group is larger.
+/// whole group's bytes, in any epoch (the first: its first record times the batch size, at
+/// most 64 MiB; allocate_varying adds a size class) and grows by half, moving what is in
+/// it, when a group is larger.
 /// Records that share or map their bytes (tar and TFRecord shards, behind a shuffle too)
 /// are left to collation, which copies them on two threads, and so is a record that fails
 /// its TFRecord checksum (collation reports it). Once one record of a group is left, so
@@ -292,27 +292,20 @@ public:
         }
         copy_in(group, group.size() - 1);
     }
-    /// Takes the size of `last`'s last whole batch (else of its last batch), after each
-    /// batch of any epoch: an epoch opened later starts as a copy of this one, so its first
-    /// group is sized from it (an epoch's short last batch would mislead it) and, from the
-    /// sizes a pool keeps up, waits its first eighth for that buffer. Without it each
-    /// epoch's first group guessed from its first record and, finding no kept buffer of
-    /// that size class while the last epoch's batches were still with the consumer,
-    /// faulted in a fresh one. Five
-    /// epochs of 2,000 objects of 50-150 KB took three batch buffers (28, 32 and 40 MiB),
-    /// and zeroing their huge pages was 13 % of the run's CPU on a VM (bench/RESULTS.md).
+    /// After each batch of any epoch: an epoch opened later starts as a copy of this one,
+    /// so its first group is sized from the last whole batch and waits for its buffer
+    /// like any later group (from its first record's guess it faulted in a fresh buffer
+    /// each epoch: bench/RESULTS.md, issue 17, seventeenth session).
     void size_from(const early_collation& last) noexcept {
-        if (const std::size_t size = last.whole_last_ ? last.whole_last_ : last.last_) last_ = size;
-        if (last.whole_last_) whole_last_ = last.whole_last_;  // kept by the copy: its own short first batch does not win
+        if (last.last_) last_ = last.last_;
     }
     /// The group is complete: the buffer its records lie in, in order (null when some were
     /// left for collation to copy). The next group starts a buffer of its own.
     std::shared_ptr<const buffer> take() {
         stream_fence();  // the streaming stores, before another thread reads the batch
-        if (!off_ && buf_) {
-            last_ = used_;
-            if (whole_) whole_last_ = used_;
-        }
+        // Sized from whole groups: a short one (an epoch's last) counts only while there is
+        // no other, so it does not mislead the next epoch's first group.
+        if (!off_ && buf_ && (whole_ || !last_)) last_ = used_;
         whole_ = false;
         std::shared_ptr<const buffer> b = off_ ? nullptr : std::move(buf_);
         buf_.reset();
@@ -362,9 +355,8 @@ private:
     std::shared_ptr<buffer_source> mem_;            // null: nothing is copied early
     std::atomic<std::uint64_t>* copied_ = nullptr;  // the group stage's figure
     std::shared_ptr<buffer> buf_;
-    std::size_t used_ = 0, last_ = 0;
-    std::size_t whole_last_ = 0;  // the bytes of the last group that reached the batch size
-    bool whole_ = false;          // this group has reached it
+    std::size_t used_ = 0, last_ = 0;  // last_: the bytes of the last whole group (else the first)
+    bool whole_ = false;               // this group has reached the batch size
     bool off_ = false;
     bool stream_ = false;  // copy_in writes with streaming stores
 };
