@@ -13,16 +13,20 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
 #include <new>
 
+#include <dirent.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -96,10 +100,57 @@ inline bool maps_buffer(std::size_t capacity) noexcept {
 /// 0.224 -> 0.188 s of CPU).
 /// The kernel gives ordinary pages where it has no huge one free (or THP is "never"), and
 /// a buffer holds at most the 2 MiB it touched last beyond what it wrote.
+/// Not offered on a VM whose balloon reports free pages to its host (offer_huge_pages).
 inline constexpr std::size_t huge_buffer_bytes = std::size_t{4} << 20;
-inline std::byte* map_buffer(std::size_t capacity) {
+
+/// Whether a virtio balloon under `devices` (sysfs's virtio bus) reports free pages to
+/// the host (VIRTIO_BALLOON_F_REPORTING, feature bit 5). Such a guest hands each free
+/// 2 MiB block back to the host within seconds, and the host backs it again, 4 KiB at a
+/// time, on its next first touch: fresh huge pages then cost 14-18 s/GiB to fault in, 4
+/// KiB pages 0.7-1.0 (bench/RESULTS.md, issue 17, eighteenth session).
+inline bool balloon_reports_free_pages(const char* devices = "/sys/bus/virtio/devices") {
+    auto first_line = [](const std::string& path) {
+        std::string line;
+        if (std::FILE* f = std::fopen(path.c_str(), "r")) {
+            char buf[512];
+            if (std::fgets(buf, sizeof buf, f)) line = buf;
+            std::fclose(f);
+        }
+        while (!line.empty() && (line.back() == '\n' || line.back() == ' ')) line.pop_back();
+        return line;
+    };
+    DIR* dir = ::opendir(devices);
+    if (!dir) return false;
+    bool reports = false;
+    while (const dirent* e = ::readdir(dir)) {
+        if (e->d_name[0] == '.') continue;
+        const std::string at = std::string(devices) + "/" + e->d_name;
+        if (first_line(at + "/device") != "0x0005") continue;  // virtio device id 5: the balloon
+        const std::string features = first_line(at + "/features");  // one '0' or '1' per bit, bit 0 first
+        if (features.size() > 5 && features[5] == '1') reports = true;
+    }
+    ::closedir(dir);
+    return reports;
+}
+/// Whether buffers of huge_buffer_bytes and more are offered transparent huge pages:
+/// `env` (SLUICE_HUGE_PAGES) "1" or "0" when set so, else yes unless the machine's
+/// balloon reports free pages (where huge pages made a first epoch of tar shards 2-3 x
+/// slower, and later epochs no faster).
+inline bool huge_pages_wanted(const char* env, const char* devices = "/sys/bus/virtio/devices") {
+    if (env && std::string_view(env) == "1") return true;
+    if (env && std::string_view(env) == "0") return false;
+    return !balloon_reports_free_pages(devices);
+}
+/// huge_pages_wanted for this process, decided at its first large buffer.
+inline bool offer_huge_pages() {
+    static const bool yes = huge_pages_wanted(std::getenv("SLUICE_HUGE_PAGES"));
+    return yes;
+}
+/// `huge_pages`: lay a buffer of huge_buffer_bytes or more on 2 MiB boundaries and offer it
+/// huge pages (by default as offer_huge_pages says; tests ask for either).
+inline std::byte* map_buffer(std::size_t capacity, bool huge_pages = offer_huge_pages()) {
     constexpr std::size_t huge = std::size_t{2} << 20;
-    const std::size_t slack = capacity >= huge_buffer_bytes ? huge : 0;
+    const std::size_t slack = capacity >= huge_buffer_bytes && huge_pages ? huge : 0;
     if (capacity > SIZE_MAX - 2 * huge) throw std::bad_alloc();
     void* p = ::mmap(nullptr, capacity + slack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();

@@ -155,7 +155,8 @@ TEST_CASE("compact copies a small slice out of a large buffer", "[bytes]") {
     REQUIRE(sluice::bytes::copy_of(std::string_view("abc")).view() == "abc");
 }
 
-TEST_CASE("buffers of 4 MiB and more lie on 2 MiB boundaries and ask for huge pages", "[bytes]") {
+TEST_CASE("buffers of 4 MiB and more lie on 2 MiB boundaries and ask for huge pages, where they are offered",
+          "[bytes]") {
     if (!sluice::detail::maps_buffer(sluice::detail::huge_buffer_bytes)) {
         WARN("[test skipped] this build takes large buffers from malloc (AddressSanitizer checks their bounds)");
         return;
@@ -176,27 +177,70 @@ TEST_CASE("buffers of 4 MiB and more lie on 2 MiB boundaries and ask for huge pa
         }
         return std::string();
     };
-    for (std::size_t size : {std::size_t{4} << 20, (std::size_t{25} << 20) + 12345}) {
-        INFO("size " << size);
-        sluice::buffer b(size);
-        REQUIRE(reinterpret_cast<std::uintptr_t>(b.data()) % (std::size_t{2} << 20) == 0);
-        std::memset(b.data(), 7, size);  // all of it is the buffer's: none was given back
-        REQUIRE(b.data()[size - 1] == std::byte{7});
-        const std::string flags = flags_of(b.data());
-        REQUIRE(!flags.empty());
-        if (has_thp) CHECK(flags.find(" hg") != std::string::npos);
-        // What was mapped beyond the buffer went back, also for a size that is not a whole
-        // number of pages: the page after the buffer's last lies in the slack that
-        // map_buffer mapped and gave back, and mincore says it is not mapped.
-        const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-        std::byte* after = b.data() + (size + page - 1) / page * page;
-        unsigned char resident = 0;
-        CHECK(::mincore(after, page, &resident) == -1);
-        CHECK(errno == ENOMEM);
-    }
+    // Both ways map_buffer lays a large buffer, whichever this machine's buffers take.
+    for (bool huge : {true, false})
+        for (std::size_t size : {std::size_t{4} << 20, (std::size_t{25} << 20) + 12345}) {
+            INFO("size " << size << (huge ? ", huge pages offered" : ", not offered"));
+            std::byte* p = sluice::detail::map_buffer(size, huge);
+            struct unmap {
+                std::byte* p;
+                std::size_t n;
+                ~unmap() { sluice::detail::unmap_buffer(p, n); }
+            } unmap_at_end{p, size};
+            std::memset(p, 7, size);
+            REQUIRE(p[size - 1] == std::byte{7});
+            const std::string flags = flags_of(p);
+            REQUIRE(!flags.empty());
+            if (!huge) {
+                CHECK(flags.find(" hg") == std::string::npos);
+                continue;
+            }
+            REQUIRE(reinterpret_cast<std::uintptr_t>(p) % (std::size_t{2} << 20) == 0);
+            if (has_thp) CHECK(flags.find(" hg") != std::string::npos);
+            // What was mapped beyond the buffer went back, also for a size that is not a
+            // whole number of pages: the page after the buffer's last lies in the slack
+            // that map_buffer mapped and gave back, and mincore says it is not mapped.
+            const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+            std::byte* after = p + (size + page - 1) / page * page;
+            unsigned char resident = 0;
+            CHECK(::mincore(after, page, &resident) == -1);
+            CHECK(errno == ENOMEM);
+        }
     if (!has_thp) WARN("[test skipped] the huge-page advice: this kernel has no transparent huge pages");
+    // A buffer takes what this process offers (SLUICE_HUGE_PAGES, else the balloon's say).
+    sluice::buffer large(std::size_t{25} << 20);
+    CHECK((flags_of(large.data()).find(" hg") != std::string::npos) == (has_thp && sluice::detail::offer_huge_pages()));
     // Below 4 MiB: mapped as it was, no advice asked.
     sluice::buffer small(2u << 20);
     CHECK(flags_of(small.data()).find(" hg") == std::string::npos);
+}
 
+TEST_CASE("huge pages are not offered where a virtio balloon reports free pages, unless SLUICE_HUGE_PAGES says",
+          "[bytes]") {
+    sluice_test::temp_dir d;
+    const std::string devices = d / "devices";
+    using sluice::detail::balloon_reports_free_pages;
+    using sluice::detail::huge_pages_wanted;
+    // No virtio bus (bare metal, another hypervisor's devices): offered.
+    CHECK_FALSE(balloon_reports_free_pages(devices.c_str()));
+    CHECK(huge_pages_wanted(nullptr, devices.c_str()));
+    // A network device (id 1) with feature bit 5 set, and a balloon (id 5) without
+    // reporting (bits 1 and 2 only): offered.
+    d.write("devices/virtio0/device", "0x0001\n");
+    d.write("devices/virtio0/features", "11000101101110110000000000000100\n");
+    d.write("devices/virtio1/device", "0x0005\n");
+    d.write("devices/virtio1/features", "01100000000000000000000000000000\n");
+    CHECK_FALSE(balloon_reports_free_pages(devices.c_str()));
+    CHECK(huge_pages_wanted(nullptr, devices.c_str()));
+    // The balloon reports free pages (bit 5, as this project's VMs show it): not offered.
+    d.write("devices/virtio1/features", "01100101000000000000000000000000100000000000\n");
+    CHECK(balloon_reports_free_pages(devices.c_str()));
+    CHECK_FALSE(huge_pages_wanted(nullptr, devices.c_str()));
+    CHECK_FALSE(huge_pages_wanted("", devices.c_str()));     // set but empty: as unset
+    CHECK_FALSE(huge_pages_wanted("yes", devices.c_str()));  // neither 1 nor 0: as unset
+    // The environment decides where it says 1 or 0.
+    CHECK(huge_pages_wanted("1", devices.c_str()));
+    d.write("devices/virtio1/features", "0110000\n");
+    CHECK_FALSE(huge_pages_wanted("0", devices.c_str()));
+    CHECK(huge_pages_wanted(nullptr, devices.c_str()));
 }
