@@ -105,8 +105,8 @@ inline constexpr std::size_t huge_buffer_bytes = std::size_t{4} << 20;
 
 /// Whether a virtio balloon under `devices` (sysfs's virtio bus) reports free pages to
 /// the host (VIRTIO_BALLOON_F_REPORTING, feature bit 5). Such a guest hands each free
-/// 2 MiB block back to the host within seconds, and the host backs it again, 4 KiB at a
-/// time, on its next first touch: fresh huge pages then cost 14-18 s/GiB to fault in, 4
+/// 2 MiB block back to the host within seconds, and the host must back it again on its
+/// next first touch (likely 4 KiB at a time): fresh huge pages then cost 14-18 s/GiB to fault in, 4
 /// KiB pages 0.7-1.0 (bench/RESULTS.md, issue 17, eighteenth session).
 inline bool balloon_reports_free_pages(const char* devices = "/sys/bus/virtio/devices") {
     auto first_line = [](const std::string& path) {
@@ -134,14 +134,15 @@ inline bool balloon_reports_free_pages(const char* devices = "/sys/bus/virtio/de
 }
 /// Whether buffers of huge_buffer_bytes and more are offered transparent huge pages:
 /// `env` (SLUICE_HUGE_PAGES) "1" or "0" when set so, else yes unless the machine's
-/// balloon reports free pages (where huge pages made a first epoch of tar shards 2-3 x
-/// slower, and later epochs no faster).
+/// balloon reports free pages (where huge pages made a first epoch of tar shards 1.8-4.7 x
+/// slower after a pause, and five epochs back to back no faster).
 inline bool huge_pages_wanted(const char* env, const char* devices = "/sys/bus/virtio/devices") {
     if (env && std::string_view(env) == "1") return true;
     if (env && std::string_view(env) == "0") return false;
     return !balloon_reports_free_pages(devices);
 }
-/// huge_pages_wanted for this process, decided at its first large buffer.
+/// huge_pages_wanted for this process, decided at its first buffer that map_buffer maps
+/// (1 MiB or more: mapped_buffer_bytes).
 inline bool offer_huge_pages() {
     static const bool yes = huge_pages_wanted(std::getenv("SLUICE_HUGE_PAGES"));
     return yes;
