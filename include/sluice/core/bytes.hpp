@@ -106,8 +106,8 @@ inline constexpr std::size_t huge_buffer_bytes = std::size_t{4} << 20;
 /// Whether a virtio balloon under `devices` (sysfs's virtio bus) reports free pages to
 /// the host (VIRTIO_BALLOON_F_REPORTING, feature bit 5). Such a guest hands each free
 /// 2 MiB block back to the host within seconds, and the host must back it again on its
-/// next first touch (likely 4 KiB at a time): fresh huge pages then cost 14-18 s/GiB to fault in, 4
-/// KiB pages 0.7-1.0 (bench/RESULTS.md, issue 17, eighteenth session).
+/// next first touch (likely 4 KiB at a time): fresh huge pages then cost 14-18 s/GiB to
+/// fault in, 4 KiB pages 0.7-1.0 (bench/RESULTS.md, issue 17, eighteenth session).
 inline bool balloon_reports_free_pages(const char* devices = "/sys/bus/virtio/devices") {
     auto first_line = [](const std::string& path) {
         std::string line;
