@@ -18,7 +18,7 @@ sluice_test::run_result gen(const std::string& dir, std::vector<std::string> arg
     argv.insert(argv.end(), args.begin(), args.end());
     return run(argv);
 }
-sluice_test::run_result probe(std::vector<std::string> args) {
+sluice_test::run_result probe_json(std::vector<std::string> args) {
     std::vector<std::string> argv{SLUICE_PROBE, "--json", "--quiet"};
     argv.insert(argv.end(), args.begin(), args.end());
     return run(argv);
@@ -87,7 +87,7 @@ TEST_CASE("sluice-probe --images reads loose files and WebDataset shards: every 
                                           {"--images", "train", "--format", "webdataset", d / "shards", "--epochs", "2",
                                            "--shuffle", "16", "--deterministic", "--decode-threads", "2"}}) {
         args.insert(args.end(), {"--batch", "8"});
-        auto r = probe(args);
+        auto r = probe_json(args);
         INFO(r.err << r.out);
         REQUIRE(r.status == 0);
         const bool two = std::find(args.begin(), args.end(), "--epochs") != args.end();
@@ -106,10 +106,10 @@ TEST_CASE("sluice-probe --images reads loose files and WebDataset shards: every 
     REQUIRE(sof != std::string::npos);
     tar[sof + 4] = 7;  // sample precision 7 bits: libjpeg refuses it
     std::ofstream(shard, std::ios::binary | std::ios::trunc) << tar;
-    auto bad = probe({"--images", "train", "--format", "webdataset", d / "shards", "--batch", "8"});
+    auto bad = probe_json({"--images", "train", "--format", "webdataset", d / "shards", "--batch", "8"});
     CHECK(bad.status == 1);
     CHECK_THAT(bad.err, Catch::Contains("shard-000001.tar") && Catch::Contains("000004") && Catch::Contains("corrupt JPEG"));
-    auto skipped = probe({"--images", "train", "--format", "webdataset", d / "shards", "--batch", "8", "--on-corrupt", "skip"});
+    auto skipped = probe_json({"--images", "train", "--format", "webdataset", d / "shards", "--batch", "8", "--on-corrupt", "skip"});
     INFO(skipped.err);
     REQUIRE(skipped.status == 0);
     CHECK(json_u64(skipped.out, "records") == 29);
@@ -142,15 +142,15 @@ TEST_CASE("images resume exactly: a run cut after a batch and resumed gives the 
         a.insert(a.end(), more.begin(), more.end());
         return a;
     };
-    auto whole = probe(with({"--emit-keys", d / "whole.keys"}));
+    auto whole = probe_json(with({"--emit-keys", d / "whole.keys"}));
     INFO(whole.err);
     REQUIRE(whole.status == 0);
     REQUIRE(json_u64(whole.out, "records") == 72);
     for (std::string cut : {"3", "8"}) {
         INFO("cut after " << cut << " batches");
-        auto a = probe(with({"--stop-after-batches", cut, "--save-state", d / "state", "--emit-keys", d / "a.keys"}));
+        auto a = probe_json(with({"--stop-after-batches", cut, "--save-state", d / "state", "--emit-keys", d / "a.keys"}));
         REQUIRE(a.status == 0);
-        auto b = probe(with({"--resume", d / "state", "--emit-keys", d / "b.keys"}));
+        auto b = probe_json(with({"--resume", d / "state", "--emit-keys", d / "b.keys"}));
         INFO(b.err);
         REQUIRE(b.status == 0);
         // The same images (keys), and the same pixels: the crops and flips of the

@@ -7,6 +7,7 @@
 #include <sstream>
 
 using sluice_test::json_u64;
+using sluice_test::probe;
 using sluice_test::run;
 
 namespace {
@@ -24,11 +25,6 @@ struct dataset {
     std::string glob(const std::string& ext = "txt") const { return dir / ("shard-*." + ext); }
 };
 
-sluice_test::run_result probe(std::vector<std::string> args) {
-    std::vector<std::string> argv{SLUICE_PROBE};
-    argv.insert(argv.end(), args.begin(), args.end());
-    return run(argv);
-}
 }  // namespace
 
 TEST_CASE("sluice-probe delivers every record exactly once across epochs, shuffled and batched", "[probe]") {

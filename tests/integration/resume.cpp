@@ -13,15 +13,16 @@
 #include <sstream>
 
 using sluice_test::json_u64;
+using sluice_test::probe;
 using sluice_test::run;
 using sluice_test::slurp_file;
 
 namespace {
-struct dataset {
+struct counted_dataset {
     sluice_test::temp_dir dir;
     std::string summary;  // sluice-gen's JSON
     std::string counts;   // its record counts file
-    explicit dataset(std::vector<std::string> args) {
+    explicit counted_dataset(std::vector<std::string> args) {
         counts = dir / "counts.txt";
         std::vector<std::string> argv{SLUICE_GEN, dir / "data", "--counts", counts};
         argv.insert(argv.end(), args.begin(), args.end());
@@ -39,12 +40,6 @@ struct dataset {
     }
 };
 
-sluice_test::run_result probe(std::vector<std::string> args) {
-    std::vector<std::string> argv{SLUICE_PROBE};
-    argv.insert(argv.end(), args.begin(), args.end());
-    return run(argv);
-}
-
 std::vector<std::string> lines_of(const std::string& path) {
     std::vector<std::string> out;
     std::ifstream in(path);
@@ -59,7 +54,7 @@ std::vector<std::string> with(std::vector<std::string> a, const std::vector<std:
 }  // namespace
 
 TEST_CASE("deterministic mode gives the same sequence whatever the threads, files in flight and chunk size", "[determinism]") {
-    dataset d({"--files", "9", "--records", "400", "--record-size", "40", "--vary", "--uneven", "--seed", "4"});
+    counted_dataset d({"--files", "9", "--records", "400", "--record-size", "40", "--vary", "--uneven", "--seed", "4"});
     sluice_test::temp_dir out;
     const std::vector<std::string> base{"--quiet", "--json", "--deterministic", "--seed", "11", "--shuffle", "300",
                                         "--epochs", "2", "--batch", "10", d.glob()};
@@ -95,7 +90,7 @@ TEST_CASE("deterministic mode gives the same sequence whatever the threads, file
 }
 
 TEST_CASE("over HTTP, deterministic mode gives the same sequence whatever the requests in flight and chunk size", "[determinism][http]") {
-    dataset d({"--files", "8", "--records", "300", "--record-size", "30", "--vary", "--uneven", "--seed", "8"});
+    counted_dataset d({"--files", "8", "--records", "300", "--record-size", "30", "--vary", "--uneven", "--seed", "8"});
     sluice_test::nginx_server nginx(d.dir / "data");
     sluice_test::temp_dir out;
     const std::vector<std::string> base{"--quiet", "--json", "--deterministic", "--seed", "5", "--shuffle", "200",
@@ -117,7 +112,7 @@ TEST_CASE("over HTTP, deterministic mode gives the same sequence whatever the re
 
 TEST_CASE("ranks from RANK and WORLD_SIZE take disjoint, equal shares that cover the data", "[ranks]") {
     // Shards of different sizes: 11 files of 60..126 records.
-    dataset d({"--files", "11", "--records", "90", "--uneven", "--seed", "2"});
+    counted_dataset d({"--files", "11", "--records", "90", "--uneven", "--seed", "2"});
     const std::uint64_t total = json_u64(d.summary, "records");
     sluice_test::temp_dir out;
     for (std::string share : {"drop", "pad"}) {
@@ -172,7 +167,7 @@ TEST_CASE("ranks from RANK and WORLD_SIZE take disjoint, equal shares that cover
 }
 
 TEST_CASE("4 processes with RANK and WORLD_SIZE read one dataset from nginx: union is the dataset, no overlap, equal batches", "[ranks][http]") {
-    dataset d({"--files", "13", "--records", "200", "--uneven", "--vary", "--seed", "9"});
+    counted_dataset d({"--files", "13", "--records", "200", "--uneven", "--vary", "--seed", "9"});
     sluice_test::nginx_server nginx(d.dir / "data");
     const std::uint64_t total = json_u64(d.summary, "records");
     // 13 shards of 120..280 records, 2,480 in all: divisible by 4, so share::drop leaves
@@ -261,7 +256,7 @@ std::vector<std::uint64_t> random_cuts(std::uint64_t batches, int n) {
 }  // namespace
 
 TEST_CASE("a pipeline cut after any batch resumes with exactly the rest, local files", "[resume]") {
-    dataset d({"--files", "7", "--records", "250", "--record-size", "30", "--vary", "--uneven", "--seed", "12"});
+    counted_dataset d({"--files", "7", "--records", "250", "--record-size", "30", "--vary", "--uneven", "--seed", "12"});
     const std::uint64_t records = json_u64(d.summary, "records");
     const std::uint64_t per_epoch = (records + 15) / 16;  // batches of 16, the last one partial
     const std::vector<std::string> args{"--quiet", "--json", "--deterministic", "--seed", "21", "--shuffle", "120",
@@ -304,7 +299,7 @@ TEST_CASE("a pipeline cut after any batch resumes with exactly the rest, local f
 }
 
 TEST_CASE("states saved by 4 ranks resume on 2, and by 2 on 3: what no rank delivered comes once, in equal steps", "[resume][ranks]") {
-    dataset d({"--files", "7", "--records", "250", "--record-size", "30", "--vary", "--uneven", "--seed", "23"});
+    counted_dataset d({"--files", "7", "--records", "250", "--record-size", "30", "--vary", "--uneven", "--seed", "23"});
     sluice_test::temp_dir out;
     const std::vector<std::string> base{"--quiet", "--json", "--deterministic", "--seed", "9", "--shuffle", "60",
                                         "--batch", "8", "--epochs", "2", d.glob()};
@@ -402,7 +397,7 @@ TEST_CASE("states saved by 4 ranks resume on 2, and by 2 on 3: what no rank deli
 }
 
 TEST_CASE("merging states that do not make one world is refused, naming the state at fault", "[resume][ranks][errors]") {
-    dataset d({"--files", "3", "--records", "100"});
+    counted_dataset d({"--files", "3", "--records", "100"});
     sluice_test::temp_dir out;
     const std::vector<std::string> args{"--quiet", "--deterministic", "--seed", "1", "--shuffle", "50", "--batch", "8",
                                         "--counts", d.counts, d.glob()};
@@ -440,7 +435,7 @@ std::uint64_t stage_in(const std::string& json, const std::string& stage) {
 }
 
 TEST_CASE("with record counts a resumed pipeline reads only what its shuffle held, not the epoch again", "[resume]") {
-    dataset d({"--files", "20", "--records", "200", "--record-size", "30", "--seed", "18"});
+    counted_dataset d({"--files", "20", "--records", "200", "--record-size", "30", "--seed", "18"});
     sluice_test::temp_dir out;
     const std::vector<std::string> args{"--quiet", "--json", "--deterministic", "--seed", "4", "--shuffle", "100",
                                         "--batch", "10", d.glob()};
@@ -459,7 +454,7 @@ TEST_CASE("with record counts a resumed pipeline reads only what its shuffle hel
 }
 
 TEST_CASE("a pipeline cut after any batch resumes with exactly the rest, over HTTP", "[resume][http]") {
-    dataset d({"--files", "6", "--records", "300", "--record-size", "20", "--vary", "--uneven", "--seed", "13"});
+    counted_dataset d({"--files", "6", "--records", "300", "--record-size", "20", "--vary", "--uneven", "--seed", "13"});
     sluice_test::nginx_server nginx(d.dir / "data");
     const std::uint64_t per_epoch = (json_u64(d.summary, "records") + 9) / 10;
     check_resume({"--quiet", "--json", "--deterministic", "--seed", "2", "--shuffle", "250", "--epochs", "2", "--batch",
@@ -468,7 +463,7 @@ TEST_CASE("a pipeline cut after any batch resumes with exactly the rest, over HT
 }
 
 TEST_CASE("state is refused for a pipeline whose order depends on timing", "[resume][errors]") {
-    dataset d({"--files", "4", "--records", "100"});
+    counted_dataset d({"--files", "4", "--records", "100"});
     sluice_test::nginx_server nginx(d.dir / "data");
     sluice_test::temp_dir out;
     // fetch is unordered by default: objects as they complete.
@@ -484,7 +479,7 @@ TEST_CASE("state is refused for a pipeline whose order depends on timing", "[res
 }
 
 TEST_CASE("a saved state is refused by a pipeline that would give another sequence", "[resume][errors]") {
-    dataset d({"--files", "3", "--records", "100"});
+    counted_dataset d({"--files", "3", "--records", "100"});
     sluice_test::temp_dir out;
     const std::vector<std::string> args{"--quiet", "--seed", "1", "--shuffle", "50", "--batch", "8", d.glob()};
     REQUIRE(probe(with(args, {"--stop-after-batches", "5", "--save-state", out / "s"})).status == 0);
@@ -524,7 +519,7 @@ std::uint64_t dir_bytes(const std::string& dir, int* files = nullptr, int* temps
 }  // namespace
 
 TEST_CASE("the cache: epoch 1 from the server, later epochs and runs from local disk, the same records", "[cache][http]") {
-    dataset d({"--files", "6", "--records", "500", "--record-size", "100", "--vary", "--seed", "14"});
+    counted_dataset d({"--files", "6", "--records", "500", "--record-size", "100", "--vary", "--seed", "14"});
     sluice_test::nginx_server nginx(d.dir / "data");
     sluice_test::temp_dir cache;
     // One request at a time: an object is in the cache once its download completes, and
@@ -573,7 +568,7 @@ TEST_CASE("the cache: epoch 1 from the server, later epochs and runs from local 
 }
 
 TEST_CASE("processes of one node share one cache safely", "[cache][http]") {
-    dataset d({"--files", "10", "--records", "400", "--record-size", "200", "--vary", "--seed", "15"});
+    counted_dataset d({"--files", "10", "--records", "400", "--record-size", "200", "--vary", "--seed", "15"});
     sluice_test::nginx_server nginx(d.dir / "data");
     sluice_test::temp_dir cache, out;
     const std::uint64_t shard_bytes = std::filesystem::file_size(d.dir / "data/shard-000000.txt");
@@ -609,7 +604,7 @@ TEST_CASE("a full disk for the cache falls back to the source with a warning and
         WARN("[test skipped] cannot mount a small tmpfs in a user namespace here: " << can.err);
         return;
     }
-    dataset d({"--files", "5", "--records", "400", "--record-size", "100", "--seed", "16"});  // ~40 KB each
+    counted_dataset d({"--files", "5", "--records", "400", "--record-size", "100", "--seed", "16"});  // ~40 KB each
     sluice_test::nginx_server nginx(d.dir / "data");
     sluice_test::temp_dir mnt;
     const std::string script = "mount -t tmpfs -o size=64k none " + mnt.path().string() + " && exec \"$@\"";
@@ -627,7 +622,7 @@ TEST_CASE("a full disk for the cache falls back to the source with a warning and
 
 TEST_CASE("a process killed while caching leaves no copy that is later served", "[cache][http][errors]") {
     // The fault server answers slowly, so the kill lands mid-download.
-    dataset d({"--files", "4", "--records", "2000", "--record-size", "100", "--seed", "17"});
+    counted_dataset d({"--files", "4", "--records", "2000", "--record-size", "100", "--seed", "17"});
     sluice_test::fault_server slow(d.dir / "data", {"--ttfb-ms", "300"});
     sluice_test::temp_dir cache, out;
     {

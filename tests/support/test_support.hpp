@@ -139,6 +139,14 @@ inline run_result run(const std::vector<std::string>& argv) {
     return r;
 }
 
+#ifdef SLUICE_PROBE
+/// sluice-probe with `args`, as a user runs it (the integration tests' binary names it).
+inline run_result probe(std::vector<std::string> args) {
+    args.insert(args.begin(), SLUICE_PROBE);
+    return run(args);
+}
+#endif
+
 /// The number (or string) value of "key" in a flat-enough JSON text.
 inline std::optional<std::string> json_field(const std::string& json, const std::string& key) {
     std::smatch m;
