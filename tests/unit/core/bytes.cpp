@@ -256,7 +256,8 @@ TEST_CASE("this process offers huge pages as SLUICE_HUGE_PAGES says", "[.][bytes
     REQUIRE((said == "1" || said == "0"));
     CHECK(sluice::detail::offer_huge_pages() == (said == "1"));
     // Offered, a 25 MiB buffer is laid on a 2 MiB boundary (not offered, it may still fall
-    // on one by chance).
+    // on one by chance). AddressSanitizer builds take buffers from malloc (maps_buffer).
     sluice::buffer large(std::size_t{25} << 20);
-    if (said == "1") CHECK(reinterpret_cast<std::uintptr_t>(large.data()) % (std::size_t{2} << 20) == 0);
+    if (said == "1" && sluice::detail::maps_buffer(large.capacity()))
+        CHECK(reinterpret_cast<std::uintptr_t>(large.data()) % (std::size_t{2} << 20) == 0);
 }
