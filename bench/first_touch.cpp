@@ -5,9 +5,17 @@
 // as sluice's large buffers are (--huge) or not, writes them twice and prints each pass.
 //
 //   first_touch [--huge] [--mib N]     (default 64 MiB)
+//   first_touch --map FILE...           (files in the page cache, as sluice maps shards)
 //
 // Prints {"bytes", "huge", "first_s", "second_s", "first_s_per_gib", "second_s_per_gib"}.
+// --map maps each file read-only and populated (MADV_POPULATE_READ, as sluice's windows
+// are), then reads every byte twice: what a process's first read of page-cache pages
+// through its own mapping costs beside a second (bench/RESULTS.md, issue 17, 2026-12-05:
+// 1.1 us a page on a VM whose second pass ran at 15-17 GB/s).
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
@@ -15,6 +23,55 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+using clock = std::chrono::steady_clock;
+
+void print(std::size_t n, bool huge, double first, double second) {
+    const double gib = double(n) / double(std::size_t{1} << 30);
+    std::printf("{\"bytes\":%zu,\"huge\":%s,\"first_s\":%.4f,\"second_s\":%.4f,\"first_s_per_gib\":%.3f,"
+                "\"second_s_per_gib\":%.3f}\n",
+                n, huge ? "true" : "false", first, second, first / gib, second / gib);
+}
+
+int read_mapped(int argc, char** argv, int from) {
+    std::vector<std::pair<const std::uint64_t*, std::size_t>> maps;  // words
+    std::size_t n = 0;
+    for (int i = from; i < argc; ++i) {
+        const int fd = ::open(argv[i], O_RDONLY);
+        struct stat st {};
+        if (fd < 0 || ::fstat(fd, &st) != 0) {
+            std::perror(argv[i]);
+            return 1;
+        }
+        const auto size = static_cast<std::size_t>(st.st_size);
+        void* p = size ? ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0) : nullptr;
+        ::close(fd);
+        if (p == MAP_FAILED) {
+            std::perror(argv[i]);
+            return 1;
+        }
+#ifdef MADV_POPULATE_READ
+        if (p) ::madvise(p, size, MADV_POPULATE_READ);
+#endif
+        maps.emplace_back(static_cast<const std::uint64_t*>(p), size / 8);
+        n += size / 8 * 8;
+    }
+    std::uint64_t sum = 0;
+    auto pass = [&] {
+        const auto t0 = clock::now();
+        for (auto [w, k] : maps)
+            for (std::size_t j = 0; j < k; ++j) sum += w[j];
+        asm volatile("" : : "r"(sum) : "memory");  // the reads are kept
+        return std::chrono::duration<double>(clock::now() - t0).count();
+    };
+    const double first = pass(), second = pass();
+    print(n, false, first, second);
+    return 0;
+}
+}  // namespace
 
 int main(int argc, char** argv) {
     bool huge = false;
@@ -23,8 +80,9 @@ int main(int argc, char** argv) {
         const std::string a = argv[i];
         if (a == "--huge") huge = true;
         else if (a == "--mib" && i + 1 < argc) mib = std::strtoull(argv[++i], nullptr, 10);
+        else if (a == "--map" && i + 1 < argc) return read_mapped(argc, argv, i + 1);
         else {
-            std::fprintf(stderr, "usage: first_touch [--huge] [--mib N]\n");
+            std::fprintf(stderr, "usage: first_touch [--huge] [--mib N] | --map FILE...\n");
             return 2;
         }
     }
@@ -39,7 +97,6 @@ int main(int argc, char** argv) {
 #ifdef MADV_HUGEPAGE
     if (huge) ::madvise(p, n, MADV_HUGEPAGE);
 #endif
-    using clock = std::chrono::steady_clock;
     auto pass = [&](int v) {
         const auto t0 = clock::now();
         std::memset(p, v, n);
@@ -47,9 +104,6 @@ int main(int argc, char** argv) {
         return std::chrono::duration<double>(clock::now() - t0).count();
     };
     const double first = pass(1), second = pass(2);
-    const double gib = double(n) / double(std::size_t{1} << 30);
-    std::printf("{\"bytes\":%zu,\"huge\":%s,\"first_s\":%.4f,\"second_s\":%.4f,\"first_s_per_gib\":%.3f,"
-                "\"second_s_per_gib\":%.3f}\n",
-                n, huge ? "true" : "false", first, second, first / gib, second / gib);
+    print(n, huge, first, second);
     return 0;
 }
