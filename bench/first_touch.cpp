@@ -11,7 +11,7 @@
 // --map maps each file read-only and populated (MADV_POPULATE_READ, as sluice's windows
 // are), then reads every byte twice: what a process's first read of page-cache pages
 // through its own mapping costs beside a second (bench/RESULTS.md, issue 17, 2026-12-05:
-// 1.1 us a page on a VM whose second pass ran at 15-17 GB/s).
+// 1.1 us a page on a VM whose second pass ran at 14-15 GB/s).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -36,6 +36,12 @@ void print(std::size_t n, bool huge, double first, double second) {
                 n, huge ? "true" : "false", first, second, first / gib, second / gib);
 }
 
+#ifdef MADV_POPULATE_READ
+constexpr int populate_read = MADV_POPULATE_READ;
+#else
+constexpr int populate_read = 22;  // Linux's value, where the headers predate it
+#endif
+
 int read_mapped(int argc, char** argv, int from) {
     std::vector<std::pair<const std::uint64_t*, std::size_t>> maps;  // words
     std::size_t n = 0;
@@ -47,17 +53,22 @@ int read_mapped(int argc, char** argv, int from) {
             return 1;
         }
         const auto size = static_cast<std::size_t>(st.st_size);
-        void* p = size ? ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0) : nullptr;
+        void* p = size ? ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0) : nullptr;
         ::close(fd);
         if (p == MAP_FAILED) {
             std::perror(argv[i]);
             return 1;
         }
-#ifdef MADV_POPULATE_READ
-        if (p) ::madvise(p, size, MADV_POPULATE_READ);
-#endif
+        if (p && ::madvise(p, size, populate_read) != 0) {
+            std::perror("first_touch: MADV_POPULATE_READ (Linux 5.14 and later)");
+            return 1;
+        }
         maps.emplace_back(static_cast<const std::uint64_t*>(p), size / 8);
         n += size / 8 * 8;
+    }
+    if (n == 0) {
+        std::fprintf(stderr, "first_touch: --map: no bytes to read\n");
+        return 1;
     }
     std::uint64_t sum = 0;
     auto pass = [&] {
