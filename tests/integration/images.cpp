@@ -19,9 +19,8 @@ sluice_test::run_result gen(const std::string& dir, std::vector<std::string> arg
     return run(argv);
 }
 sluice_test::run_result probe_json(std::vector<std::string> args) {
-    std::vector<std::string> argv{SLUICE_PROBE, "--json", "--quiet"};
-    argv.insert(argv.end(), args.begin(), args.end());
-    return run(argv);
+    args.insert(args.begin(), {"--json", "--quiet"});
+    return sluice_test::probe(std::move(args));
 }
 bool have_pil() { return run({"/usr/bin/python3", "-c", "import PIL, numpy"}).status == 0; }
 }  // namespace

@@ -24,7 +24,6 @@ struct dataset {
     }
     std::string glob(const std::string& ext = "txt") const { return dir / ("shard-*." + ext); }
 };
-
 }  // namespace
 
 TEST_CASE("sluice-probe delivers every record exactly once across epochs, shuffled and batched", "[probe]") {
