@@ -21,10 +21,12 @@
 #include <set>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -478,6 +480,52 @@ inline bool records_checked_after(run_state* run, std::size_t at) {
     for (auto it = h->at.find(at + 1); it != h->at.end() && it->first == ++at; ++it)
         if (it->second) return true;
     return false;
+}
+
+/// Which shards' bytes the stages after a reader leave unread but for headers, for a
+/// reader that can then leave a mapped shard's pages out of the process and let batch's
+/// collation copy each record from the page cache with pread (io/local.hpp,
+/// detail::file_mapping::by_call). A format stage notes `headers_only` when it reads no
+/// more than its headers and its records reach, untouched, a batch that collates them
+/// (records_checked_after); a stage that passes some shards on untouched and reads the
+/// others whole (gunzip under compression::detect) notes which, by name and first bytes.
+/// Setups run last stage first, so a reader's setup sees the stages after it.
+using passes_untouched = std::function<bool(const std::string& url, std::span<const std::byte> head)>;
+struct byte_readers {
+    std::mutex m;
+    std::set<std::size_t> headers_only;
+    std::map<std::size_t, passes_untouched> passes;
+};
+inline void note_headers_only(run_state* run, std::size_t at) {
+    if (!run) return;
+    auto h = run->slot<byte_readers>("byte_readers");
+    std::lock_guard lock(h->m);
+    h->headers_only.insert(at);
+}
+inline void note_passes_untouched(run_state* run, std::size_t at, passes_untouched which) {
+    if (!run) return;
+    auto h = run->slot<byte_readers>("byte_readers");
+    std::lock_guard lock(h->m);
+    h->passes[at] = std::move(which);
+}
+/// For a reader at `at`: which of its shards (by url and first bytes) reach a stage that
+/// reads only their headers, through stages that pass them untouched; null when none do.
+inline passes_untouched headers_only_after(run_state* run, std::size_t at) {
+    if (!run) return nullptr;
+    auto h = run->slot<byte_readers>("byte_readers");
+    std::lock_guard lock(h->m);
+    std::vector<passes_untouched> through;
+    for (std::size_t i = at + 1;; ++i) {
+        if (h->headers_only.count(i))
+            return [through](const std::string& url, std::span<const std::byte> head) {
+                for (auto& f : through)
+                    if (!f(url, head)) return false;
+                return true;
+            };
+        auto p = h->passes.find(i);
+        if (p == h->passes.end()) return nullptr;
+        through.push_back(p->second);
+    }
 }
 
 }  // namespace detail

@@ -211,6 +211,11 @@ struct format_defaults {
     /// Its parser can leave its records' data checksums to the batch that collates them
     /// (TFRecord; parse_policy::defer_data_crc): counted in "checks_deferred".
     bool defers_data_crc = false;
+    /// Its parser reads no more of a shard than its headers (tar, raw; TFRecord when its
+    /// data checksums are left to batch or not verified): where its records reach a batch
+    /// that collates them, the reader before it may leave the rest to that batch
+    /// (detail::headers_only_after).
+    bool reads_headers_only = false;
 };
 
 /// A format stage: `make(policy)` gives the decoder (`void d(chunk&&, std::vector<Out>&)`,
@@ -257,6 +262,14 @@ stage<chunk, chunk> gunzip(gzip_options o = {}) {
         });
     return detail::also_at_setup(std::move(s), [mode = o.mode](stage_setup& st) {
         detail::offer_passing(st.internal.run, st.internal.at, [mode](detail::shard_reader& r) { detail::refuse_gzip(r, mode); });
+        // What it passes untouched, reading only the first bytes: as gzip_inflater::start decides.
+        if (mode == compression::detect)
+            detail::note_passes_untouched(st.internal.run, st.internal.at, [](const std::string& url, std::span<const std::byte> head) {
+                return !detail::ends_with_gz(url) && !(head.size() >= 3 && std::to_integer<int>(head[0]) == 0x1f &&
+                                                       std::to_integer<int>(head[1]) == 0x8b && std::to_integer<int>(head[2]) == 0x08);
+            });
+        else if (mode == compression::none)
+            detail::note_passes_untouched(st.internal.run, st.internal.at, [](const std::string&, std::span<const std::byte>) { return true; });
     });
 }
 
@@ -275,9 +288,12 @@ stage<chunk, Out> detail::format_stage(std::string name, decode_options o, forma
     struct format_run {
         bool defer_data_crc = false;
     };
-    auto setup = [defers = d.defers_data_crc && o.verify && o.on_corrupt == on_corrupt::error](stage_setup& s) {
+    auto setup = [defers = d.defers_data_crc && o.verify && o.on_corrupt == on_corrupt::error,
+                  headers = d.reads_headers_only, crc = d.defers_data_crc && o.verify](stage_setup& s) {
         auto st = std::make_shared<format_run>();
-        st->defer_data_crc = defers && records_checked_after(s.internal.run, s.internal.at);
+        const bool checked = records_checked_after(s.internal.run, s.internal.at);
+        st->defer_data_crc = defers && checked;
+        if (headers && checked && (!crc || st->defer_data_crc)) note_headers_only(s.internal.run, s.internal.at);
         return st;
     };
     auto parse = make_stage<chunk, Out>(

@@ -137,7 +137,7 @@ private:
 ///          `... | sluice::raw({.max_record_bytes = std::size_t{3} << 30})` for objects up to 3 GiB.
 template <class = void>  // compiled only where used (see make_stage)
 stage<chunk, record> raw(decode_options o = {}) {
-    return detail::format_stage<record>("raw", std::move(o), {.gzip = compression::none, .out = {64, 256u << 20}},
+    return detail::format_stage<record>("raw", std::move(o), {.gzip = compression::none, .out = {64, 256u << 20}, .reads_headers_only = true},
                                         [](std::shared_ptr<const detail::parse_policy> pol) {
                                             return detail::raw_decoder(std::move(pol));
                                         });

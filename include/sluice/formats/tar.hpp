@@ -22,7 +22,7 @@ namespace sluice {
 /// Example: `sluice::list("shards/*.tar") | sluice::plan() | sluice::read() | sluice::tar()`
 template <class = void>  // compiled only where used (see make_stage)
 stage<chunk, record> tar(decode_options o = {}) {
-    return detail::decoder<detail::tar_parser, record>("tar", std::move(o));
+    return detail::decoder<detail::tar_parser, record>("tar", std::move(o), {.reads_headers_only = true});
 }
 
 /// Takes: chunks of tar shards. Gives: WebDataset samples: consecutive files sharing a

@@ -28,7 +28,7 @@ namespace sluice {
 /// Example: `sluice::list("train-*.tfrecord.gz") | sluice::plan() | sluice::read() | sluice::tfrecord()`
 template <class = void>  // compiled only where used (see make_stage)
 stage<chunk, record> tfrecord(decode_options o = {}) {
-    return detail::decoder<detail::tfrecord_parser, record>("tfrecord", std::move(o), {.defers_data_crc = true});
+    return detail::decoder<detail::tfrecord_parser, record>("tfrecord", std::move(o), {.defers_data_crc = true, .reads_headers_only = true});
 }
 
 }  // namespace sluice

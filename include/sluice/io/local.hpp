@@ -16,6 +16,7 @@
 #include <exception>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <system_error>
 
@@ -99,21 +100,38 @@ struct turn_gate {
     }
 };
 
+/// Files smaller than this are not mapped by_call: each keeps a descriptor open while
+/// its records are held (a shuffle of small files would hold thousands), and a small
+/// file's windows are few.
+inline constexpr std::uint64_t by_call_bytes = std::uint64_t{1} << 20;
+
 /// Sends the open file `fd` (named `path` in messages) as chunks of `chunk_size` bytes,
 /// named as `src` (the shard the bytes belong to: the file itself, or a cached copy of a
 /// remote object). `length`: bytes to send (a cached copy ends in a trailer), or all.
+/// `by_call`: which mapped files (by url and first bytes) the stages after read leave
+/// unread but for headers (detail::headers_only_after): those of by_call_bytes or more
+/// are mapped by_call, their windows not populated (file_mapping).
 template <class = void>  // a coroutine: compiled only where used (see make_stage)
 task<void> read_file(stage_context<shard, chunk>& ctx, std::shared_ptr<const shard> src, const std::string& path,
                             const fd_guard& fd, std::size_t chunk_size, bool map, turn_gate& gate,
-                            std::uint64_t length = ~0ull, std::uint64_t map_from = 0) {
+                            std::uint64_t length = ~0ull, std::uint64_t map_from = 0,
+                            const passes_untouched& by_call = nullptr) {
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0) throw source_error(path, "cannot stat", errno_code());
     if (S_ISDIR(st.st_mode)) throw source_error(path, "cannot read", std::make_error_code(std::errc::is_a_directory));
     ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
     if (S_ISREG(st.st_mode) && length != ~0ull) st.st_size = static_cast<off_t>(std::min<std::uint64_t>(length, st.st_size));
     std::shared_ptr<file_mapping> mapped;
-    if (map && S_ISREG(st.st_mode) && st.st_size > 0 && static_cast<std::uint64_t>(st.st_size) >= map_from)
-        mapped = file_mapping::open(fd.get(), static_cast<std::size_t>(st.st_size), path);
+    if (map && S_ISREG(st.st_mode) && st.st_size > 0 && static_cast<std::uint64_t>(st.st_size) >= map_from) {
+        bool call = false;
+        if (by_call && static_cast<std::uint64_t>(st.st_size) >= by_call_bytes) {
+            std::byte head[3] = {};
+            const ssize_t k = ::pread(fd.get(), head, sizeof head, 0);
+            call = k >= 0 && by_call(src->url, std::span<const std::byte>(head, static_cast<std::size_t>(k)));
+        }
+        mapped = file_mapping::open(fd.get(), static_cast<std::size_t>(st.st_size), path, call);
+        if (mapped && mapped->by_call()) ctx.stats.counter("files_by_call").fetch_add(1, std::memory_order_relaxed);
+    }
     if (mapped) {  // else (no mapping could be made) read as below
         const std::size_t size = mapped->size();
         for (std::size_t off = 0; off < size; off += chunk_size) {
@@ -122,7 +140,10 @@ task<void> read_file(stage_context<shard, chunk>& ctx, std::shared_ptr<const sha
             // braced temporary in a co_await operand twice (seen as a shared_ptr
             // released twice under ASan).
             chunk c{src, off, bytes(std::make_shared<const buffer>(mapped, off, n), n), off + n == size, false};
-            mapped->populate(off, n);
+            // By call: the window's bytes into the page cache, read ahead (a no-op where
+            // they are there), and none mapped in; else its pages mapped in one call.
+            if (mapped->by_call()) ::posix_fadvise(fd.get(), static_cast<off_t>(off), static_cast<off_t>(n), POSIX_FADV_WILLNEED);
+            else mapped->populate(off, n);
             // A file that shrank is seen here before its lost pages reach a parser (where
             // no page faults, within the last page, only this check sees it).
             struct stat now {};
@@ -236,8 +257,14 @@ private:
 };
 
 /// `o`: the run's options, whose map_min_bytes the setup decided (see read()).
+/// What read's setup decided for a run: its options, and which files it maps by_call.
+struct read_run {
+    read_options o;
+    passes_untouched by_call;
+};
+
 template <class = void>  // a coroutine: compiled only where used (see make_stage)
-task<void> read_worker(stage_context<shard, chunk>& ctx, read_options o) {
+task<void> read_worker(stage_context<shard, chunk>& ctx, read_options o, passes_untouched by_call) {
     const std::size_t chunk_size = chunk_size_of(o);
     for (;;) {
         co_await pass_gate(ctx);  // files in flight, when tuned
@@ -257,7 +284,7 @@ task<void> read_worker(stage_context<shard, chunk>& ctx, read_options o) {
                 check_local(src->url);
                 fd_guard fd(::open(local_path(src->url).c_str(), O_RDONLY | O_CLOEXEC));
                 if (fd.get() < 0) throw source_error(src->url, "cannot open", errno_code());
-                co_await read_file(ctx, src, src->url, fd, chunk_size, o.map, gate, ~0ull, o.map_min_bytes);
+                co_await read_file(ctx, src, src->url, fd, chunk_size, o.map, gate, ~0ull, o.map_min_bytes, by_call);
             } catch (...) {
                 failed = std::current_exception();
             }
@@ -289,14 +316,18 @@ stage<shard, chunk> read(read_options o = {}) {
     // .concurrency); each holds a chunk being filled (none when mapped: page cache).
     // Small files are mapped only when a stage after read holds records (read_options::
     // map_min_bytes); the stages after it set up first (core/state.hpp).
+    // Mapped shards whose bytes the stages after read leave to batch's collation but for
+    // their headers are mapped by_call (detail::file_mapping): no page of them is mapped
+    // into the process, and the records are read from the page cache once, into the batch.
     auto setup = [o](stage_setup& st) {
-        auto run = std::make_shared<read_options>(o);
-        if (detail::records_held_after(st.internal.run, st.internal.at)) run->map_min_bytes = 0;
+        auto run = std::make_shared<detail::read_run>(detail::read_run{o, nullptr});
+        if (detail::records_held_after(st.internal.run, st.internal.at)) run->o.map_min_bytes = 0;
+        run->by_call = detail::headers_only_after(st.internal.run, st.internal.at);
         return run;
     };
     auto s = make_stage<shard, chunk>("read", {.concurrency = o.concurrency, .order = o.order, .on = o.on, .out = o.out},
-                                      setup, [](stage_context<shard, chunk>& ctx, read_options& run) {
-                                          return detail::read_worker(ctx, run);
+                                      setup, [](stage_context<shard, chunk>& ctx, detail::read_run& run) {
+                                          return detail::read_worker(ctx, run.o, run.by_call);
                                       });
     // Plan may count records through it (core/detail/shard_counting.hpp).
     s = detail::also_at_setup(std::move(s), [](stage_setup& st) {

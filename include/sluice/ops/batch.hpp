@@ -137,8 +137,15 @@ void check_dropped(const std::vector<T>& group) {
 /// is 4 KiB or more), summing its TFRecord data checksum as it copies when one was left
 /// unchecked; false when that checksum is wrong. Collation and the copy on arrival both
 /// copy through it.
+/// A record of a shard that read left unmapped (file_mapping::by_call) is read from the
+/// page cache with pread instead, then summed where the checksum was left: one copy, and
+/// no page of the shard mapped into the process.
 inline bool copy_record(std::byte* p, const record& r, bool stream) noexcept {
     const std::size_t size = r.data.size();
+    if (const detail::file_mapping* f = r.data.file(); f && f->by_call() && size) {
+        f->read_at(p, static_cast<std::size_t>(r.data.data() - f->data()), size);  // lost bytes: zeros, marked
+        return !r.unchecked_crc32c || crc32c_mask(crc32c(p, size)) == *r.unchecked_crc32c;
+    }
     const bool streamed = stream && size >= 4096;
     if (r.unchecked_crc32c) return crc32c_mask(crc32c_copy(p, r.data.data(), size, 0, streamed)) == *r.unchecked_crc32c;
     if (size == 0) return true;

@@ -1,5 +1,6 @@
 #include <sluice/io/local.hpp>
 
+#include "support/decode_support.hpp"
 #include "support/test_support.hpp"
 
 #include <sluice/core/pipeline.hpp>
@@ -7,6 +8,10 @@
 
 #include <sluice/formats/lines.hpp>
 #include <sluice/formats/raw.hpp>
+#include <sluice/formats/tar.hpp>
+#include <sluice/formats/tfrecord.hpp>
+#include <sluice/formats/writers.hpp>
+#include <sluice/ops/batch.hpp>
 #include <sluice/ops/map.hpp>
 #include <sluice/ops/shuffle.hpp>
 
@@ -258,6 +263,145 @@ TEST_CASE("a mapped file that shrinks while read is an error naming it and the o
         REQUIRE(e.offset() < content.size());
     }
     REQUIRE(lines < 100'000);
+}
+
+namespace {
+/// A read stage's counter, 0 when it has none.
+template <class T>
+std::uint64_t read_stage_counter(const sluice::pipeline<T>& p, const std::string& name) {
+    for (auto& st : p.figures().stages)
+        for (auto& [n, v] : st.counters)
+            if (st.name == "read" && n == name) return v;
+    return 0;
+}
+/// Every record of every batch, by content.
+std::multiset<std::string> batched_records(sluice::pipeline<sluice::host_batch>& p) {
+    std::multiset<std::string> got;
+    for (auto& hb : p)
+        for (std::size_t i = 0; i + 1 < hb.offsets.size(); ++i)
+            got.insert(std::string(hb.data.view().substr(hb.offsets[i], hb.offsets[i + 1] - hb.offsets[i])));
+    return got;
+}
+std::string patterned_bytes(int shard, int i, std::size_t size) {
+    std::string s(size, '\0');
+    for (std::size_t k = 0; k < size; ++k) s[k] = char(shard * 31 + i * 7 + k * 13);
+    return s;
+}
+}  // namespace
+
+// (No semicolon in a test's name: CMake's test discovery would cut it in two.)
+TEST_CASE("shards whose records reach batch untouched are read by call: headers and records with pread, "
+          "none where a stage between reads the bytes or a shard is gzip'd", "[local][by_call]") {
+    sluice_test::temp_dir d;
+    std::vector<sluice::shard> shards;
+    std::multiset<std::string> want;
+    for (int f = 0; f < 3; ++f) {  // 1.2 MB each: over read's by-call floor of 1 MiB
+        std::string tar, tfr;
+        for (int i = 0; i < 40; ++i) {
+            const std::string rec = patterned_bytes(f, i, 30'000 + 97 * i);
+            sluice::append_tar_file(tar, "s" + std::to_string(f) + "/r" + std::to_string(i) + ".bin", rec);
+            want.insert(rec);
+        }
+        sluice::end_tar(tar);
+        shards.push_back({d.write("shard-" + std::to_string(f) + ".tar", tar), 0, shards.size()});
+    }
+    const auto same = [](sluice::record r) { return r; };
+    // 4 KiB windows: headers cut by window boundaries go through the cursor's stash.
+    for (std::size_t window : {std::size_t{4096}, std::size_t{4} << 20}) {
+        INFO("window " << window);
+        const sluice::read_options ro{.chunk_size = window};
+        {  // read | gunzip | tar | shuffle | batch: by call
+            sluice::pipeline p(sluice::from(shards) | sluice::read(ro) | sluice::gunzip() | sluice::tar({.gzip = sluice::compression::none}) |
+                               sluice::shuffle({.buffer = 50, .seed = 4}) | sluice::batch({.size = 16}));
+            REQUIRE(batched_records(p) == want);
+            REQUIRE(read_stage_counter(p, "files_by_call") == shards.size());
+        }
+        {  // tar's own gzip detection, batch on two workers: by call
+            sluice::pipeline p(sluice::from(shards) | sluice::read(ro) | sluice::tar() | sluice::batch({.size = 16, .concurrency = 2}));
+            REQUIRE(batched_records(p) == want);
+            REQUIRE(read_stage_counter(p, "files_by_call") == shards.size());
+        }
+        {  // a user's map between reads the bytes: mapped and populated as before
+            sluice::pipeline p(sluice::from(shards) | sluice::read(ro) | sluice::tar() | sluice::map(same) | sluice::batch({.size = 16}));
+            REQUIRE(batched_records(p) == want);
+            REQUIRE(read_stage_counter(p, "files_by_call") == 0u);
+        }
+    }
+    // A gzip'd shard is inflated, so read whole: not by call, while a plain one beside it is.
+    std::string tar;
+    sluice::append_tar_file(tar, "z/only.bin", patterned_bytes(9, 0, 1'500'000));
+    sluice::end_tar(tar);
+    auto mixed = shards;
+    mixed.push_back({d.write("z.tar.gz", sluice_test::gzip(tar, 1)), 0, mixed.size()});
+    auto zipped = want;
+    zipped.insert(patterned_bytes(9, 0, 1'500'000));
+    sluice::pipeline p(sluice::from(mixed) | sluice::read() | sluice::tar() | sluice::batch({.size = 16}));
+    REQUIRE(batched_records(p) == zipped);
+    REQUIRE(read_stage_counter(p, "files_by_call") == shards.size());
+}
+
+TEST_CASE("tfrecord shards read by call: a bad data checksum is found as batch reads the record, "
+          "naming the shard and offset", "[local][by_call]") {
+    sluice_test::temp_dir d;
+    std::string f;
+    std::vector<std::uint64_t> at;
+    for (int i = 0; i < 50; ++i) {
+        at.push_back(f.size());
+        sluice::append_tfrecord(f, patterned_bytes(1, i, 25'000));
+    }
+    const auto good = d.write("good.tfrecord", f);
+    f[at[33] + 12 + 1000] ^= 0x20;
+    const auto bad = d.write("bad.tfrecord", f);
+    auto run = [&](const std::string& path) {
+        return sluice::pipeline(sluice::from<sluice::shard>({{path, 0, 0}}) | sluice::read() | sluice::tfrecord() |
+                                sluice::shuffle({.buffer = 20, .seed = 2}) | sluice::batch({.size = 8}));
+    };
+    auto ok = run(good);
+    REQUIRE(batched_records(ok).size() == 50);
+    REQUIRE(read_stage_counter(ok, "files_by_call") == 1u);
+    auto p = run(bad);
+    try {
+        for (auto& b : p) (void)b;
+        FAIL("a corrupt record passed");
+    } catch (const sluice::source_error& e) {
+        INFO(e.what());
+        REQUIRE(e.url() == bad);
+        REQUIRE(e.offset() == at[33]);
+        REQUIRE(std::string(e.what()).find("checksum") != std::string::npos);
+    }
+}
+
+TEST_CASE("a shard read by call that shrinks before batch reads its records is an error naming it and the offset",
+          "[local][by_call]") {
+    sluice_test::temp_dir d;
+    std::string tar;
+    for (int i = 0; i < 60; ++i) sluice::append_tar_file(tar, "r" + std::to_string(i) + ".bin", patterned_bytes(2, i, 40'000));
+    sluice::end_tar(tar);
+    const auto a = d.write("shrinks.tar", tar);
+    // The shuffle holds every record (its buffer is larger than the shard), so all are
+    // parsed before the first batch, and read by batch after the cut.
+    sluice::pipeline p(sluice::from<sluice::shard>({{a, 0, 0}}) | sluice::read() | sluice::tar() |
+                       sluice::shuffle({.buffer = 100, .seed = 1}) | sluice::batch({.size = 4}));
+    auto first = p.next_blocking();
+    REQUIRE(first);
+    REQUIRE(read_stage_counter(p, "files_by_call") == 1u);
+    const std::size_t cut = tar.size() / 2;
+    REQUIRE(::truncate(a.c_str(), static_cast<off_t>(cut)) == 0);
+    try {
+        while (auto b = p.next_blocking()) {
+            // Records that lie before the cut are whole; none holds the zeros of a lost one.
+            for (std::size_t i = 0; i + 1 < b->offsets.size(); ++i)
+                REQUIRE(b->data.view().substr(b->offsets[i], b->offsets[i + 1] - b->offsets[i]).find(std::string(512, '\0')) ==
+                        std::string_view::npos);
+        }
+        FAIL("the pipeline ended without an error after the file shrank");
+    } catch (const sluice::source_error& e) {
+        INFO(e.what());
+        REQUIRE(std::string(e.what()).find("the file shrank while it was read") != std::string::npos);
+        REQUIRE(e.url() == a);
+        REQUIRE(e.offset() >= cut);
+        REQUIRE(e.offset() < tar.size());
+    }
 }
 
 TEST_CASE("a SIGBUS that is not about sluice's mappings still ends the process", "[local]") {

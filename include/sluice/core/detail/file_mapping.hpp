@@ -15,10 +15,21 @@
 //   naming the file and the offset from which bytes were lost, instead of passing on the
 //   zeros. Bytes a user's own function read before such a check are zeros, not garbage:
 //   sluice reports the loss at the next check (bench/RESULTS.md, issue 17; README).
+//
+// A mapping opened `by_call` also keeps the file open: its pages are meant never to be
+// touched through the mapping (the reader does not populate them). The parsers read
+// their headers, and batch's collation the records, with pread (read_at), a copy from
+// the page cache that maps no page into the process. Where a VM makes each page mapped
+// into a process dear (a fault ~20 us, a populated page ~2.4 us: bench/RESULTS.md, issue
+// 17, twentieth session), that is the difference between a shuffle at a third of `cat`
+// and one at its rate. Bytes read through the mapping all the same still work (they
+// fault in as for any mapping) and stay resident until it is unmapped.
 
 #include <sluice/core/error.hpp>
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -26,6 +37,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstring>
 #include <csignal>
 #include <cstddef>
 #include <cstdint>
@@ -123,7 +135,10 @@ public:
 
     /// Maps `size` bytes of the open file `fd` (named `path`), or returns null when it
     /// cannot (mmap failed, no registry slot, no SIGBUS handler): the caller reads instead.
-    static std::shared_ptr<file_mapping> open(int fd, std::size_t size, std::string path) {
+    /// `by_call`: also keep the file open for read_at (see above), where the process has
+    /// descriptors to spare (a quarter of its limit, at most 4,096, are kept at once);
+    /// by_call() says whether it was.
+    static std::shared_ptr<file_mapping> open(int fd, std::size_t size, std::string path, bool by_call = false) {
         if (size == 0 || !install_sigbus_handler()) return nullptr;
         auto& reg = mapping_registry::get();
         // Not populated here: each window is, when read sends it (populate), so a file of
@@ -132,6 +147,12 @@ public:
         if (p == MAP_FAILED) return nullptr;
         std::shared_ptr<file_mapping> m(new file_mapping(static_cast<std::byte*>(p), size, std::move(path)));
         m->self_ = m;
+        if (by_call && kept_fds().fetch_add(1, std::memory_order_relaxed) < fd_cap()) {
+            m->fd_ = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+            if (m->fd_ < 0) kept_fds().fetch_sub(1, std::memory_order_relaxed);
+        } else if (by_call) {
+            kept_fds().fetch_sub(1, std::memory_order_relaxed);
+        }
         const std::size_t start = reg.hint.fetch_add(1, std::memory_order_relaxed);
         for (std::size_t i = 0; i < mapping_registry::slots; ++i) {
             auto& s = reg.slot[(start + i) % mapping_registry::slots];
@@ -158,6 +179,10 @@ public:
             slot_->lost.store(nullptr, std::memory_order_release);
         }
         ::munmap(base_, size_);
+        if (fd_ >= 0) {
+            ::close(fd_);
+            kept_fds().fetch_sub(1, std::memory_order_relaxed);
+        }
     }
 
     std::byte* data() const noexcept { return base_; }
@@ -167,7 +192,7 @@ public:
     /// none_lost.
     std::uint64_t lost() const noexcept { return lost_.load(std::memory_order_acquire); }
     /// Marks the bytes from `offset` on as lost (the file was seen to shrink to `offset`).
-    void mark_lost(std::uint64_t offset) noexcept {
+    void mark_lost(std::uint64_t offset) const noexcept {
         std::uint64_t seen = lost_.load(std::memory_order_relaxed);
         while (offset < seen && !lost_.compare_exchange_weak(seen, offset)) {
         }
@@ -183,6 +208,25 @@ public:
         if (n == 0) return;
         const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)), from = off / page * page;
         ::madvise(base_ + from, off + n - from, MADV_POPULATE_READ);
+    }
+
+    /// Whether the file is kept open for read_at, and the mapping's pages left untouched.
+    bool by_call() const noexcept { return fd_ >= 0; }
+    /// Copies the file's bytes [off, off + n) to `d` with pread (by_call() only). Bytes
+    /// the file no longer has (it shrank, or a read failed) are zeros and marked lost from
+    /// there, as a fault in the mapping would: the same checks then report them.
+    void read_at(std::byte* d, std::size_t off, std::size_t n) const noexcept {
+        std::size_t got = 0;
+        while (got < n && off + got < size_) {
+            const ssize_t k = ::pread(fd_, d + got, std::min(n - got, size_ - off - got), static_cast<off_t>(off + got));
+            if (k < 0 && errno == EINTR) continue;
+            if (k <= 0) break;
+            got += static_cast<std::size_t>(k);
+        }
+        if (got < n) {
+            std::memset(d + got, 0, n - got);
+            mark_lost(off + got);
+        }
     }
 
     void pin(std::size_t off, std::size_t n) noexcept {
@@ -201,6 +245,11 @@ public:
     /// read of a window (any file's) sweeps the queue (sweep_pending).
     void unpin(std::size_t off, std::size_t n, bool last_owner) noexcept {
         if (n == 0) return;
+        if (by_call()) {  // nothing was mapped in to drop (what was read through the mapping anyway stays till unmapped)
+            for (std::size_t b = off / block_bytes(), e = (off + n - 1) / block_bytes(); b <= e; ++b)
+                pins_[b].fetch_sub(1, std::memory_order_relaxed);
+            return;
+        }
         std::size_t idle = 0;
         for (std::size_t b = off / block_bytes(), e = (off + n - 1) / block_bytes(); b <= e; ++b)
             if (pins_[b].fetch_sub(1, std::memory_order_acq_rel) == 1) {
@@ -240,6 +289,18 @@ public:
     static constexpr std::size_t sweep_bytes = 4u << 20;
 
 private:
+    static std::atomic<std::size_t>& kept_fds() {
+        static std::atomic<std::size_t> n{0};
+        return n;
+    }
+    static std::size_t fd_cap() {
+        static const std::size_t cap = [] {
+            rlimit r{};
+            const std::size_t soft = ::getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur != RLIM_INFINITY ? r.rlim_cur : 1024;
+            return std::min<std::size_t>(4096, soft / 4);
+        }();
+        return cap;
+    }
     struct sweep_queue {
         std::mutex m;
         std::vector<std::weak_ptr<file_mapping>> maps;
@@ -320,8 +381,9 @@ private:
     std::atomic<std::size_t> idle_blocks_{0};
     std::atomic<bool> queued_{false};
     std::weak_ptr<file_mapping> self_;
-    std::atomic<std::uint64_t> lost_{none_lost};
+    mutable std::atomic<std::uint64_t> lost_{none_lost};
     mapping_slot* slot_ = nullptr;
+    int fd_ = -1;  // by_call: the file, kept open
 };
 
 /// Bytes of the mapped file `path` from `offset` on were lost while sluice read them (it

@@ -64,6 +64,7 @@ public:
     void feed(const bytes& data) {
         cur_ = data;
         pos_ = 0;
+        near_.clear();
         if (skip_) {
             const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(skip_, cur_.size()));
             pos_ = n;
@@ -80,14 +81,16 @@ public:
     /// arrived (they are kept; call again after the next feed). For headers: small n.
     const std::byte* peek(std::size_t n) {
         if (stash_.empty()) {
-            if (chunk_left() >= n) return cur_.data() + pos_;
-            stash_.assign(cur_.data() + pos_, cur_.data() + cur_.size());
+            if (chunk_left() >= n) return here(n);
+            const std::byte* p = here(chunk_left());
+            stash_.assign(p, p + chunk_left());
             pos_ = cur_.size();
             return nullptr;
         }
         if (stash_.size() < n) {
             const std::size_t add = std::min(n - stash_.size(), chunk_left());
-            stash_.insert(stash_.end(), cur_.data() + pos_, cur_.data() + pos_ + add);
+            const std::byte* p = here(add);
+            stash_.insert(stash_.end(), p, p + add);
             pos_ += add;
         }
         return stash_.size() >= n ? stash_.data() : nullptr;
@@ -174,11 +177,32 @@ public:
     }
 
 private:
+    /// The chunk's next `n` bytes (n <= chunk_left()). A window of a mapped file read
+    /// by_call (file_mapping) is read with pread, at least near_bytes at a time, not through
+    /// the mapping, whose pages are meant to stay out of the process: a header of each
+    /// record is then a copy of a few hundred bytes, not a page mapped in (a tfrecord
+    /// record's footer and the next header come in one read). Valid until the next call.
+    const std::byte* here(std::size_t n) {
+        const detail::file_mapping* f = cur_.file();
+        if (!f || !f->by_call() || n == 0) return cur_.data() + pos_;
+        if (pos_ >= near_at_ && pos_ + n <= near_at_ + near_.size()) return near_.data() + (pos_ - near_at_);
+        const std::size_t want = std::min(chunk_left(), std::max(n, near_bytes));
+        near_.resize(want);
+        // Bytes the file lost read as zeros, and the mapping is marked: decode_worker's
+        // check after the parse reports them, as for a fault in the mapping.
+        f->read_at(near_.data(), static_cast<std::size_t>(cur_.data() - f->data()) + pos_, want);
+        near_at_ = pos_;
+        return near_.data();
+    }
+    static constexpr std::size_t near_bytes = 512;
+
     bytes cur_;
     std::size_t pos_ = 0;
     std::uint64_t offset_ = 0;
     std::uint64_t skip_ = 0;
     std::vector<std::byte> stash_;  // the start of a header cut by a chunk boundary
+    std::vector<std::byte> near_;   // read by_call: the chunk's bytes from near_at_ on
+    std::size_t near_at_ = 0;
     std::vector<bytes> parts_;  // of a record cut by chunk boundaries
     std::size_t have_ = 0;
     bool assembling_ = false;
