@@ -6,17 +6,23 @@
 //
 //   first_touch [--huge] [--mib N]     (default 64 MiB)
 //   first_touch --map FILE...           (files in the page cache, as sluice maps shards)
+//   first_touch --pread FILE...         (the same files read with pread, as by_call reads them)
 //
 // Prints {"bytes", "huge", "first_s", "second_s", "first_s_per_gib", "second_s_per_gib"}.
 // --map maps each file read-only and populated (MADV_POPULATE_READ, as sluice's windows
 // are), then reads every byte twice: what a process's first read of page-cache pages
 // through its own mapping costs beside a second (bench/RESULTS.md, issue 17, 2026-12-05:
 // 1.1 us a page on a VM whose second pass ran at 14-15 GB/s).
+// --pread reads the same files with pread, 100 KiB at a time, into a 25 MiB buffer
+// written once before (a batch of 256 records, recycled), twice: what collating mapped
+// shards read by call costs (include/sluice/core/detail/file_mapping.hpp, by_call), which
+// maps no page of the files into the process.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -82,6 +88,46 @@ int read_mapped(int argc, char** argv, int from) {
     print(n, false, first, second);
     return 0;
 }
+int read_by_call(int argc, char** argv, int from) {
+    constexpr std::size_t record = 100u << 10, batch = 256 * record;
+    std::vector<char> into(batch, 1);  // faulted in before the passes
+    std::vector<std::pair<int, std::size_t>> files;
+    std::size_t n = 0;
+    for (int i = from; i < argc; ++i) {
+        const int fd = ::open(argv[i], O_RDONLY);
+        struct stat st {};
+        if (fd < 0 || ::fstat(fd, &st) != 0) {
+            std::perror(argv[i]);
+            return 1;
+        }
+        files.emplace_back(fd, static_cast<std::size_t>(st.st_size));
+        n += static_cast<std::size_t>(st.st_size);
+    }
+    if (n == 0) {
+        std::fprintf(stderr, "first_touch: --pread: no bytes to read\n");
+        return 1;
+    }
+    auto pass = [&]() -> double {
+        const auto t0 = clock::now();
+        std::size_t at = 0;
+        for (auto [fd, size] : files)
+            for (std::size_t off = 0; off < size; off += record) {
+                if (at + record > batch) at = 0;
+                const ssize_t k = ::pread(fd, into.data() + at, std::min(record, size - off), static_cast<off_t>(off));
+                if (k <= 0) return -1;
+                at += static_cast<std::size_t>(k);
+            }
+        asm volatile("" : : "r"(into.data()) : "memory");
+        return std::chrono::duration<double>(clock::now() - t0).count();
+    };
+    const double first = pass(), second = pass();
+    if (first < 0 || second < 0) {
+        std::perror("first_touch: pread");
+        return 1;
+    }
+    print(n, false, first, second);
+    return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -92,8 +138,9 @@ int main(int argc, char** argv) {
         if (a == "--huge") huge = true;
         else if (a == "--mib" && i + 1 < argc) mib = std::strtoull(argv[++i], nullptr, 10);
         else if (a == "--map" && i + 1 < argc) return read_mapped(argc, argv, i + 1);
+        else if (a == "--pread" && i + 1 < argc) return read_by_call(argc, argv, i + 1);
         else {
-            std::fprintf(stderr, "usage: first_touch [--huge] [--mib N] | --map FILE...\n");
+            std::fprintf(stderr, "usage: first_touch [--huge] [--mib N] | --map FILE... | --pread FILE...\n");
             return 2;
         }
     }

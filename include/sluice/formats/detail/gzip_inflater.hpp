@@ -69,7 +69,13 @@ public:
                 std::byte probe[3] = {};
                 std::size_t k = 0;
                 for (std::size_t i = 0; i < head_.size() && k < 3; ++i) probe[k++] = head_[i];
-                for (std::size_t i = 0; i < c.data.size() && k < 3; ++i) probe[k++] = c.data.data()[i];
+                if (const file_mapping* f = c.data.file(); f && f->by_call()) {  // its pages stay out of the process
+                    const std::size_t n = std::min<std::size_t>(3 - k, c.data.size());
+                    f->read_at(probe + k, static_cast<std::size_t>(c.data.data() - f->data()), n);
+                    k += n;
+                } else {
+                    for (std::size_t i = 0; i < c.data.size() && k < 3; ++i) probe[k++] = c.data.data()[i];
+                }
                 if (k < 3 && !c.last) {
                     head_.insert(head_.end(), c.data.data(), c.data.data() + c.data.size());
                     return;
