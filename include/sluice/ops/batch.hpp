@@ -670,7 +670,9 @@ stage<T, host_batch> collating_batch(batch_options o, C collate, bool checks = f
 }  // namespace detail
 
 /// Takes: records. Gives: host_batch, `size` records collated into one contiguous buffer
-/// with offsets, plus each record's source and index.
+/// with offsets, plus each record's source and index. Records of a shard that read left
+/// unmapped (read by call, where nothing before batch reads their bytes: see io/local.hpp)
+/// are read from the page cache straight into the batch.
 /// Backpressure: holds one batch being filled plus `out` finished batches; with a "group"
 /// stage (the automatic setting where the process may run on 2 CPUs or more, or
 /// batch_options::concurrency above 1), also the group each worker collates and the full
