@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -107,6 +108,7 @@ int read_by_call(int argc, char** argv, int from) {
         std::fprintf(stderr, "first_touch: --pread: no bytes to read\n");
         return 1;
     }
+    int err = 0;
     auto pass = [&]() -> double {
         const auto t0 = clock::now();
         std::size_t at = 0;
@@ -114,14 +116,19 @@ int read_by_call(int argc, char** argv, int from) {
             for (std::size_t off = 0; off < size; off += record) {
                 if (at + record > batch) at = 0;
                 const ssize_t k = ::pread(fd, into.data() + at, std::min(record, size - off), static_cast<off_t>(off));
-                if (k <= 0) return -1;
+                if (k <= 0) {
+                    err = k == 0 ? EIO : errno;  // EIO: the file shrank under the pass
+                    return -1;
+                }
                 at += static_cast<std::size_t>(k);
             }
         asm volatile("" : : "r"(into.data()) : "memory");
         return std::chrono::duration<double>(clock::now() - t0).count();
     };
     const double first = pass(), second = pass();
+    for (auto [fd, size] : files) ::close(fd);
     if (first < 0 || second < 0) {
+        errno = err;
         std::perror("first_touch: pread");
         return 1;
     }

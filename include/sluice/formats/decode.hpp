@@ -123,7 +123,7 @@ task<void> decode_worker(stage_context<chunk, Out>& ctx, D d) {
         if (seen.lost()) {  // the file shrank under the parser: its records hold zeros
             outs.clear();
             try {
-                throw_lost(seen.file()->path(), seen.file()->lost());
+                throw_lost(*seen.file());
             } catch (...) {
                 failed = std::current_exception();
             }
@@ -161,7 +161,7 @@ task<void> gunzip_worker(stage_context<chunk, chunk>& ctx, gunzip_decoder d) {
                 outs.clear();
                 more = false;
                 try {
-                    throw_lost(seen.file()->path(), seen.file()->lost());
+                    throw_lost(*seen.file());
                 } catch (...) {
                     failed = std::current_exception();
                 }

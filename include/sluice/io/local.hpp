@@ -256,13 +256,15 @@ private:
     std::unique_ptr<fd_guard> fd_;
 };
 
-/// `o`: the run's options, whose map_min_bytes the setup decided (see read()).
-/// What read's setup decided for a run: its options, and which files it maps by_call.
+/// What read's setup decided for a run: its options (map_min_bytes decided), and which
+/// files it maps by_call (passes_untouched from detail::headers_only_after; null: none).
 struct read_run {
     read_options o;
     passes_untouched by_call;
 };
 
+/// `o`: the run's options, whose map_min_bytes the setup decided; `by_call`: which files
+/// it maps by call (see read()).
 template <class = void>  // a coroutine: compiled only where used (see make_stage)
 task<void> read_worker(stage_context<shard, chunk>& ctx, read_options o, passes_untouched by_call) {
     const std::size_t chunk_size = chunk_size_of(o);

@@ -127,10 +127,20 @@ struct item_group {
 /// a corrupt record is an error whether or not its batch is kept, as when the parser checks.
 template <class T>
 void check_dropped(const std::vector<T>& group) {
-    if constexpr (std::is_same_v<T, record>)
-        for (auto& r : group)
-            if (r.unchecked_crc32c && crc32c_mask(crc32c(r.data.data(), r.data.size())) != *r.unchecked_crc32c)
-                bad_data_checksum(r);
+    if constexpr (std::is_same_v<T, record>) {
+        std::vector<std::byte> read;  // a record of a shard read by call, read from the page cache
+        for (auto& r : group) {
+            if (!r.unchecked_crc32c) continue;
+            const std::byte* p = r.data.data();
+            if (const detail::file_mapping* f = r.data.file(); f && f->by_call()) {
+                read.resize(r.data.size());
+                f->read_at(read.data(), static_cast<std::size_t>(r.data.data() - f->data()), r.data.size());
+                if (r.data.lost()) throw_lost(*f, r.key());
+                p = read.data();
+            }
+            if (crc32c_mask(crc32c(p, r.data.size())) != *r.unchecked_crc32c) bad_data_checksum(r);
+        }
+    }
 }
 
 /// Copies record `r`'s bytes to `p` (with streaming stores where `stream` and the record
@@ -405,7 +415,7 @@ inline host_batch collate_records(std::vector<record>& rs, buffer_source& mem, c
         copy->work();
         if (auto bad = copy->wait()) {
             const record& r = rs[*bad];
-            if (r.data.lost()) throw_lost(r.data.file()->path(), r.data.file()->lost(), r.key());
+            if (r.data.lost()) throw_lost(*r.data.file(), r.key());
             bad_data_checksum(r);
         }
         buf = std::move(fresh);

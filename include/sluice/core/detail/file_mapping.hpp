@@ -21,10 +21,9 @@
 // their headers, and batch's collation the records, with pread (read_at), a copy from
 // the page cache that maps no page into the process. Where a VM makes each page mapped
 // into a process dear (a fault about 20 us, a populated page 1.7-2.4 us: bench/RESULTS.md,
-// issue 17, "Shards read by call"), that took a shuffle of tar shards from 0.28 to 0.62
-// x `cat` in its first epoch and to 1.09 after. Bytes read through the mapping all the
-// same still work (they fault in as for any mapping) and stay resident until it is
-// unmapped.
+// issue 17, "Shards read by call"), that took a shuffle of tar shards from 1.04 s to
+// 0.34 s (`cat`: 0.22-0.33 s). Bytes read through the mapping all the same still work
+// (they fault in as for any mapping) and stay resident until it is unmapped.
 
 #include <sluice/core/error.hpp>
 
@@ -213,14 +212,22 @@ public:
 
     /// Whether the file is kept open for read_at, and the mapping's pages left untouched.
     bool by_call() const noexcept { return fd_ >= 0; }
+    /// The error of read_at's first failed pread (0: none; bytes lost by a read that came
+    /// back short were lost to a file that shrank).
+    int read_error() const noexcept { return read_errno_.load(std::memory_order_acquire); }
     /// Copies the file's bytes [off, off + n) to `d` with pread (by_call() only). Bytes
-    /// the file no longer has (it shrank, or a read failed) are zeros and marked lost from
-    /// there, as a fault in the mapping would: the same checks then report them.
+    /// the file no longer has (it shrank, or a read failed: read_error()) are zeros and
+    /// marked lost from there, as a fault in the mapping would: the same checks then
+    /// report them (throw_lost).
     void read_at(std::byte* d, std::size_t off, std::size_t n) const noexcept {
         std::size_t got = 0;
         while (got < n && off + got < size_) {
             const ssize_t k = ::pread(fd_, d + got, std::min(n - got, size_ - off - got), static_cast<off_t>(off + got));
             if (k < 0 && errno == EINTR) continue;
+            if (k < 0) {
+                int none = 0;
+                read_errno_.compare_exchange_strong(none, errno);
+            }
             if (k <= 0) break;
             got += static_cast<std::size_t>(k);
         }
@@ -297,8 +304,10 @@ private:
     static std::size_t fd_cap() {
         static const std::size_t cap = [] {
             rlimit r{};
-            const std::size_t soft = ::getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur != RLIM_INFINITY ? r.rlim_cur : 1024;
-            return std::min<std::size_t>(4096, soft / 4);
+            // Read once, at the first file mapped by call: a limit raised later keeps this cap.
+            if (::getrlimit(RLIMIT_NOFILE, &r) != 0) return std::size_t{256};
+            if (r.rlim_cur == RLIM_INFINITY) return std::size_t{4096};
+            return std::min<std::size_t>(4096, static_cast<std::size_t>(r.rlim_cur) / 4);
         }();
         return cap;
     }
@@ -383,6 +392,7 @@ private:
     std::atomic<bool> queued_{false};
     std::weak_ptr<file_mapping> self_;
     mutable std::atomic<std::uint64_t> lost_{none_lost};
+    mutable std::atomic<int> read_errno_{0};
     mapping_slot* slot_ = nullptr;
     int fd_ = -1;  // by_call: the file, kept open
 };
@@ -394,6 +404,15 @@ private:
                        "the file shrank while it was read (mapped), so its bytes from this offset on were lost" +
                            (record.empty() ? std::string() : " (record " + record + ")") + ":",
                        std::make_error_code(std::errc::io_error), offset);
+}
+
+/// The same for the mapping `f`, whose mark says from where: where a by-call read failed
+/// (file_mapping::read_error), the error names that failure instead of a shrunk file.
+[[noreturn]] inline void throw_lost(const file_mapping& f, const std::string& record = {}) {
+    if (const int e = f.read_error())
+        throw source_error(f.path(), "cannot read" + (record.empty() ? std::string() : " (record " + record + ")") + ":",
+                           std::error_code(e, std::generic_category()), f.lost());
+    throw_lost(f.path(), f.lost(), record);
 }
 
 }  // namespace sluice::detail

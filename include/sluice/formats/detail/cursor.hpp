@@ -79,6 +79,7 @@ public:
 
     /// A view of the next `n` bytes without consuming them, or nullptr when fewer have
     /// arrived (they are kept; call again after the next feed). For headers: small n.
+    /// Valid until the next call of any kind (of a shard read by call it is a copy).
     const std::byte* peek(std::size_t n) {
         if (stash_.empty()) {
             if (chunk_left() >= n) return here(n);
@@ -209,6 +210,18 @@ private:
     buffer_source* mem_ = nullptr;
     held_count held_;  // have_, in the stage's held_bytes
 };
+
+/// `b` as bytes a parser may read: itself, or, for a slice of a file mapped by call, a
+/// copy read with pread, so that the file's pages stay out of the process (a member's
+/// body that the parser reads: a tar long name or pax header). Lost bytes read as zeros
+/// and mark the mapping, which decode_worker then reports.
+inline bytes readable(const bytes& b) {
+    const detail::file_mapping* f = b.file();
+    if (!f || !f->by_call() || b.empty()) return b;
+    auto copy = std::make_shared<buffer>(b.size());
+    f->read_at(copy->data(), static_cast<std::size_t>(b.data() - f->data()), b.size());
+    return bytes(std::move(copy), b.size());
+}
 
 inline std::uint32_t le32(const std::byte* p) noexcept {
     const auto* u = reinterpret_cast<const unsigned char*>(p);

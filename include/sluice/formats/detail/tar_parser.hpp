@@ -236,6 +236,7 @@ private:
     void skip_member() { cur.consume(h.size + padding(h.size)); }
 
     void body(std::vector<record>& out) {
+        if (h.type == 'L' || h.type == 'x') data = readable(data);  // read here: not through a by-call mapping
         switch (h.type) {
         case 'L': {
             auto s = std::string_view(reinterpret_cast<const char*>(data.data()), data.size());
