@@ -330,6 +330,14 @@ TEST_CASE("shards whose records reach batch untouched are read by call: headers 
             REQUIRE(read_stage_counter(p, "files_by_call") == 0u);
         }
     }
+    {  // raw: each file one record, a view across its windows, read whole by batch
+        std::multiset<std::string> files;
+        for (auto& sh : shards) files.insert(sluice_test::slurp_file(sh.url));
+        sluice::pipeline p(sluice::from(shards) | sluice::read() | sluice::raw() | sluice::shuffle({.buffer = 2}) |
+                           sluice::batch({.size = 2}));
+        REQUIRE(batched_records(p) == files);
+        REQUIRE(read_stage_counter(p, "files_by_call") == shards.size());
+    }
     // A gzip'd shard is inflated, so read whole: not by call, while a plain one beside it is.
     std::string tar;
     sluice::append_tar_file(tar, "z/only.bin", patterned_bytes(9, 0, 1'500'000));
