@@ -49,17 +49,26 @@ constexpr int populate_read = MADV_POPULATE_READ;
 constexpr int populate_read = 22;  // Linux's value, where the headers predate it
 #endif
 
+/// Opens `path` for reading and gives its size; -1 (said on stderr) when it cannot.
+int open_sized(const char* path, std::size_t& size) {
+    const int fd = ::open(path, O_RDONLY);
+    struct stat st {};
+    if (fd < 0 || ::fstat(fd, &st) != 0) {
+        std::perror(path);
+        if (fd >= 0) ::close(fd);
+        return -1;
+    }
+    size = static_cast<std::size_t>(st.st_size);
+    return fd;
+}
+
 int read_mapped(int argc, char** argv, int from) {
     std::vector<std::pair<const std::uint64_t*, std::size_t>> maps;  // words
     std::size_t n = 0;
     for (int i = from; i < argc; ++i) {
-        const int fd = ::open(argv[i], O_RDONLY);
-        struct stat st {};
-        if (fd < 0 || ::fstat(fd, &st) != 0) {
-            std::perror(argv[i]);
-            return 1;
-        }
-        const auto size = static_cast<std::size_t>(st.st_size);
+        std::size_t size = 0;
+        const int fd = open_sized(argv[i], size);
+        if (fd < 0) return 1;
         void* p = size ? ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0) : nullptr;
         ::close(fd);
         if (p == MAP_FAILED) {
@@ -95,14 +104,11 @@ int read_by_call(int argc, char** argv, int from) {
     std::vector<std::pair<int, std::size_t>> files;
     std::size_t n = 0;
     for (int i = from; i < argc; ++i) {
-        const int fd = ::open(argv[i], O_RDONLY);
-        struct stat st {};
-        if (fd < 0 || ::fstat(fd, &st) != 0) {
-            std::perror(argv[i]);
-            return 1;
-        }
-        files.emplace_back(fd, static_cast<std::size_t>(st.st_size));
-        n += static_cast<std::size_t>(st.st_size);
+        std::size_t size = 0;
+        const int fd = open_sized(argv[i], size);
+        if (fd < 0) return 1;
+        files.emplace_back(fd, size);
+        n += size;
     }
     if (n == 0) {
         std::fprintf(stderr, "first_touch: --pread: no bytes to read\n");
