@@ -390,6 +390,21 @@ public:
 
     /// The mapped file this slice views, or null.
     const detail::file_mapping* file() const noexcept { return owner_ ? owner_->file().get() : nullptr; }
+    /// Whether it views a file mapped by call (detail::file_mapping::by_call), whose pages
+    /// are meant to stay out of the process: read it with copy_to, not through data().
+    bool by_call() const noexcept {
+        const auto* f = file();
+        return f && f->by_call();
+    }
+    /// Copies its bytes [from, from + n) to `d`: with pread where it is by_call() (bytes
+    /// its file lost are zeros, and the mapping is marked: lost() says so), else memcpy.
+    void copy_to(std::byte* d, std::size_t from, std::size_t n) const noexcept {
+        if (n == 0) return;
+        if (const auto* f = file(); f && f->by_call())
+            f->read_at(d, static_cast<std::size_t>(data_ - f->data()) + from, n);
+        else
+            std::memcpy(d, data_ + from, n);
+    }
     /// Whether bytes of this slice were lost (its mapped file shrank while it was read):
     /// the slice then holds zeros from the lost offset on.
     bool lost() const noexcept {

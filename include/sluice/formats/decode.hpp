@@ -265,8 +265,7 @@ stage<chunk, chunk> gunzip(gzip_options o = {}) {
         // What it passes untouched, reading only the first bytes: as gzip_inflater::start decides.
         if (mode == compression::detect)
             detail::note_passes_untouched(st.internal.run, st.internal.at, [](const std::string& url, std::span<const std::byte> head) {
-                return !detail::ends_with_gz(url) && !(head.size() >= 3 && std::to_integer<int>(head[0]) == 0x1f &&
-                                                       std::to_integer<int>(head[1]) == 0x8b && std::to_integer<int>(head[2]) == 0x08);
+                return !detail::ends_with_gz(url) && !detail::starts_gzip(head);
             });
         else if (mode == compression::none)
             detail::note_passes_untouched(st.internal.run, st.internal.at, [](const std::string&, std::span<const std::byte>) { return true; });

@@ -132,10 +132,10 @@ void check_dropped(const std::vector<T>& group) {
         for (auto& r : group) {
             if (!r.unchecked_crc32c) continue;
             const std::byte* p = r.data.data();
-            if (const detail::file_mapping* f = r.data.file(); f && f->by_call()) {
+            if (r.data.by_call()) {
                 read.resize(r.data.size());
-                f->read_at(read.data(), static_cast<std::size_t>(r.data.data() - f->data()), r.data.size());
-                if (r.data.lost()) throw_lost(*f, r.key());
+                r.data.copy_to(read.data(), 0, r.data.size());
+                if (r.data.lost()) throw_lost(*r.data.file(), r.key());
                 p = read.data();
             }
             if (crc32c_mask(crc32c(p, r.data.size())) != *r.unchecked_crc32c) bad_data_checksum(r);
@@ -152,8 +152,8 @@ void check_dropped(const std::vector<T>& group) {
 /// no page of the shard mapped into the process.
 inline bool copy_record(std::byte* p, const record& r, bool stream) noexcept {
     const std::size_t size = r.data.size();
-    if (const detail::file_mapping* f = r.data.file(); f && f->by_call() && size) {
-        f->read_at(p, static_cast<std::size_t>(r.data.data() - f->data()), size);  // lost bytes: zeros, marked
+    if (r.data.by_call() && size) {
+        r.data.copy_to(p, 0, size);  // lost bytes: zeros, marked
         return !r.unchecked_crc32c || crc32c_mask(crc32c(p, size)) == *r.unchecked_crc32c;
     }
     const bool streamed = stream && size >= 4096;

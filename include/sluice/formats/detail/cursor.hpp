@@ -184,14 +184,13 @@ private:
     /// record is then a copy of a few hundred bytes, not a page mapped in (a tfrecord
     /// record's footer and the next header come in one read). Valid until the next call.
     const std::byte* here(std::size_t n) {
-        const detail::file_mapping* f = cur_.file();
-        if (!f || !f->by_call() || n == 0) return cur_.data() + pos_;
+        if (!cur_.by_call() || n == 0) return cur_.data() + pos_;
         if (pos_ >= near_at_ && pos_ + n <= near_at_ + near_.size()) return near_.data() + (pos_ - near_at_);
         const std::size_t want = std::min(chunk_left(), std::max(n, near_bytes));
         near_.resize(want);
         // Bytes the file lost read as zeros, and the mapping is marked: decode_worker's
         // check after the parse reports them, as for a fault in the mapping.
-        f->read_at(near_.data(), static_cast<std::size_t>(cur_.data() - f->data()) + pos_, want);
+        cur_.copy_to(near_.data(), pos_, want);
         near_at_ = pos_;
         return near_.data();
     }
@@ -216,10 +215,9 @@ private:
 /// body that the parser reads: a tar long name or pax header). Lost bytes read as zeros
 /// and mark the mapping, which decode_worker then reports.
 inline bytes readable(const bytes& b) {
-    const detail::file_mapping* f = b.file();
-    if (!f || !f->by_call() || b.empty()) return b;
+    if (!b.by_call() || b.empty()) return b;
     auto copy = std::make_shared<buffer>(b.size());
-    f->read_at(copy->data(), static_cast<std::size_t>(b.data() - f->data()), b.size());
+    b.copy_to(copy->data(), 0, b.size());
     return bytes(std::move(copy), b.size());
 }
 

@@ -7,6 +7,8 @@
 
 #include <zlib.h>
 
+#include <cstring>
+#include <span>
 #include <string>
 #include <system_error>
 
@@ -43,6 +45,13 @@ inline bool ends_with_gz(const std::string& url) {
     return u.size() >= 3 && u.substr(u.size() - 3) == ".gz";
 }
 
+/// A gzip member's first bytes (magic, and deflate as the method).
+inline constexpr unsigned char gzip_magic[3] = {0x1f, 0x8b, 0x08};
+/// Whether bytes begin with gzip_magic, as compression::detect decides.
+inline bool starts_gzip(std::span<const std::byte> head) noexcept {
+    return head.size() >= 3 && std::memcmp(head.data(), gzip_magic, 3) == 0;
+}
+
 class gzip_inflater {
 public:
     gzip_inflater() = default;
@@ -69,18 +78,14 @@ public:
                 std::byte probe[3] = {};
                 std::size_t k = 0;
                 for (std::size_t i = 0; i < head_.size() && k < 3; ++i) probe[k++] = head_[i];
-                if (const file_mapping* f = c.data.file(); f && f->by_call()) {  // its pages stay out of the process
-                    const std::size_t n = std::min<std::size_t>(3 - k, c.data.size());
-                    f->read_at(probe + k, static_cast<std::size_t>(c.data.data() - f->data()), n);
-                    k += n;
-                } else {
-                    for (std::size_t i = 0; i < c.data.size() && k < 3; ++i) probe[k++] = c.data.data()[i];
-                }
+                const std::size_t n = std::min<std::size_t>(3 - k, c.data.size());
+                c.data.copy_to(probe + k, 0, n);  // by pread where read by call: its pages stay out of the process
+                k += n;
                 if (k < 3 && !c.last) {
                     head_.insert(head_.end(), c.data.data(), c.data.data() + c.data.size());
                     return;
                 }
-                state_ = k == 3 && std::memcmp(probe, magic_, 3) == 0 ? state::inflate : state::pass;
+                state_ = starts_gzip(std::span<const std::byte>(probe, k)) ? state::inflate : state::pass;
             }
         }
         if (state_ == state::pass) {
@@ -152,14 +157,13 @@ private:
     std::size_t fill_ = 0;
     int match_ = 0;  // bytes of the magic matched while scanning
 
-    static constexpr unsigned char magic_[3] = {0x1f, 0x8b, 0x08};
 
     // After a skipped break: looks for the next member's magic; returns the bytes used.
     std::size_t scan(const std::byte* p, std::size_t n) {
         std::size_t i = 0;
         for (; i < n && match_ < 3; ++i) {
             const auto b = static_cast<unsigned char>(p[i]);
-            match_ = b == magic_[match_] ? match_ + 1 : (b == magic_[0] ? 1 : 0);
+            match_ = b == gzip_magic[match_] ? match_ + 1 : (b == gzip_magic[0] ? 1 : 0);
         }
         in_offset_ += i;
         if (match_ < 3) return i;
@@ -169,7 +173,7 @@ private:
         const std::uint64_t resume = in_offset_;
         in_offset_ -= 3;  // the member starts at its magic
         std::vector<chunk> none;  // three header bytes give no output
-        inflate_some(reinterpret_cast<const std::byte*>(magic_), 3, none);
+        inflate_some(reinterpret_cast<const std::byte*>(gzip_magic), 3, none);
         in_offset_ = resume;
         return i;
     }
