@@ -287,6 +287,14 @@ public:
         if (!mem_ || off_) return;
         whole_ = group.size() == n;
         if (!buf_) {
+            // A group whose first record shares or maps its bytes is left whole to
+            // collation: no memory is taken for it. Held from the pool until the group is
+            // full, such memory kept a third batch buffer from the batch stage (tar shards
+            // read by call: three batch buffers faulted in where two serve).
+            if (!owns_alone(group.front())) {
+                off_ = true;
+                return;
+            }
             // The first group's guess is bounded: one large record among small ones must
             // not ask for hundreds of times its size.
             const std::size_t first = std::max<std::size_t>(group.front().data.size(), 1);
@@ -332,6 +340,11 @@ public:
     }
 
 private:
+    // Whether the record alone holds a buffer of its own (not a slice of a shared chunk,
+    // not a mapped file), the records copied on arrival. Empty records hold none and pass.
+    static bool owns_alone(const record& r) {
+        return r.data.size() == 0 || (!r.data.file() && r.data.owner_use_count() == 1);
+    }
     bool copy_in(std::vector<record>& group, std::size_t i) {
         record& r = group[i];
         const std::size_t size = r.data.size();
@@ -343,7 +356,7 @@ private:
             r.unchecked_crc32c.reset();
             return true;
         }
-        if (r.data.file() || r.data.owner_use_count() != 1) {  // shares or maps its bytes
+        if (!owns_alone(r)) {
             off_ = true;
             return false;
         }

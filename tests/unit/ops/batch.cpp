@@ -645,6 +645,34 @@ TEST_CASE("a group copied on arrival waits a little for the last batch's buffer 
     }
 }
 
+TEST_CASE("a group of records that share their bytes takes no memory on arrival: the pool's buffer stays for collation",
+          "[batch]") {
+    auto pool = sluice::buffer_pool::create(std::size_t{256} << 20);
+    std::atomic<std::uint64_t> copied{0};
+    auto s = std::make_shared<const sluice::shard>(sluice::shard{"shard-000.tar", 0, 0});
+    const std::size_t n = 64, size = 100'000;
+    // The last batch's buffer, back in the pool (faulted in: the batch stage's to reuse).
+    pool->allocate(n * size).reset();
+    const std::size_t kept = pool->cached_bytes();
+    REQUIRE(kept >= n * size);
+    // Records as a parsed shard gives them: slices of one chunk.
+    auto chunk = sluice::bytes::copy_of(std::string(n * size, 't'));
+    sluice::detail::early_collation early(pool, &copied);
+    std::vector<sluice::record> group;
+    for (std::size_t i = 0; i < n; ++i) {
+        group.push_back(sluice::record{chunk.slice(i * size, size), s, i, i * size});
+        early.add(group, n);
+        // Held from the pool until the group was full, that buffer made the batch stage
+        // fault in another for the collation (three batch buffers where two serve).
+        REQUIRE(pool->cached_bytes() == kept);
+    }
+    REQUIRE(copied == 0);
+    REQUIRE(early.take() == nullptr);
+    const auto b = sluice::detail::collate_records(group, *pool);
+    REQUIRE(b.data.size() == n * size);
+    REQUIRE(pool->cached_bytes() == 0);  // collation took the kept buffer
+}
+
 TEST_CASE("a record copied on arrival is checked against its TFRecord checksum, a bad one reported with shard and offset",
           "[batch]") {
     std::shared_ptr<sluice::buffer_source> pool = sluice::buffer_pool::create(std::size_t{64} << 20);
