@@ -11,6 +11,7 @@
 #include <sluice/core/detail/file_mapping.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -100,7 +101,8 @@ inline bool maps_buffer(std::size_t capacity) noexcept {
 /// 0.224 -> 0.188 s of CPU).
 /// The kernel gives ordinary pages where it has no huge one free (or THP is "never"), and
 /// a buffer holds at most the 2 MiB it touched last beyond what it wrote.
-/// Not offered on a VM whose balloon reports free pages to its host (offer_huge_pages).
+/// Where a VM's balloon reports free pages to its host, offered only where measured to pay
+/// (offer_huge_pages).
 inline constexpr std::size_t huge_buffer_bytes = std::size_t{4} << 20;
 
 /// Whether a virtio balloon under `devices` (sysfs's virtio bus) reports free pages to
@@ -132,14 +134,57 @@ inline bool balloon_reports_free_pages(const char* devices = "/sys/bus/virtio/de
     ::closedir(dir);
     return reports;
 }
+/// What faulting in fresh memory costs on this machine now: seconds to write 2 MiB offered
+/// a transparent huge page, and to write 2 MiB of 4 KiB pages, taken as twice the lesser
+/// of two writes of 1 MiB (one store per 4 KiB, as a batch's copy first touches it). Wall
+/// time: a thread preempted while it writes the 4 KiB pages could make huge pages look
+/// cheaper than they are, so those are written twice; preempted while it writes the huge
+/// page, it only keeps them off. About 6 ms on a VM where 4 KiB pages cost 2.7 s/GiB, once
+/// a process. Zeros where the memory cannot be mapped.
+struct fresh_touch_cost {
+    double huge_s = 0, small_s = 0;
+};
+inline fresh_touch_cost measure_fresh_touch() {
+    constexpr std::size_t huge = std::size_t{2} << 20;
+    void* p = ::mmap(nullptr, 4 * huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return {};
+    auto* at = reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(p) + huge - 1) & ~(std::uintptr_t{huge} - 1));
+#ifdef MADV_HUGEPAGE
+    ::madvise(at, huge, MADV_HUGEPAGE);
+    ::madvise(at + huge, 2 * huge, MADV_NOHUGEPAGE);
+#endif
+    static const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    auto touch = [](std::byte* from, std::size_t n) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (std::size_t i = 0; i < n; i += page) static_cast<volatile std::byte*>(from)[i] = std::byte{1};
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    fresh_touch_cost c;
+    const double small = touch(at + huge, huge / 2);
+    c.huge_s = touch(at, huge);
+    c.small_s = 2 * std::min(small, touch(at + 2 * huge, huge / 2));
+    ::munmap(p, 4 * huge);
+    return c;
+}
+/// Whether huge pages pay where they were measured: a fresh huge page costs at least a
+/// quarter less than the same bytes in 4 KiB pages. Where THP is "never" or no huge page
+/// is free, both are 4 KiB pages and cost the same: not offered, which changes nothing.
+inline bool huge_pages_pay(const fresh_touch_cost& c) noexcept {
+    return c.huge_s > 0 && c.small_s > 0 && c.huge_s * 4 < c.small_s * 3;
+}
+
 /// Whether buffers of huge_buffer_bytes and more are offered transparent huge pages:
-/// `env` (SLUICE_HUGE_PAGES) "1" or "0" when set so, else yes unless the machine's
-/// balloon reports free pages (where huge pages made a first epoch of tar shards 1.8-4.7 x
-/// slower after a pause, and five epochs back to back no faster).
-inline bool huge_pages_wanted(const char* env, const char* devices = "/sys/bus/virtio/devices") {
+/// `env` (SLUICE_HUGE_PAGES) "1" or "0" when set so; else yes where no virtio balloon
+/// reports free pages; else as `measure` (measure_fresh_touch) finds them to pay. Such
+/// balloons differ from one kind of VM to another: on one, a fresh huge page after a pause
+/// cost 14-18 s/GiB against 0.7-1.0 for 4 KiB pages (a first epoch of tar shards 1.8-4.7 x
+/// slower); on another (paravirtual paging), 1.5-1.8 against 2.6-2.8 after the same pause,
+/// and a first epoch of tar shards 0.32 -> 0.27 s (bench/RESULTS.md, issue 17).
+inline bool huge_pages_wanted(const char* env, const char* devices = "/sys/bus/virtio/devices",
+                              fresh_touch_cost (*measure)() = measure_fresh_touch) {
     if (env && std::string_view(env) == "1") return true;
     if (env && std::string_view(env) == "0") return false;
-    return !balloon_reports_free_pages(devices);
+    return !balloon_reports_free_pages(devices) || huge_pages_pay(measure());
 }
 /// huge_pages_wanted for this process, decided at its first buffer that map_buffer maps
 /// (1 MiB or more: mapped_buffer_bytes).
