@@ -3,7 +3,8 @@
 # Debian 12: g++ 12, CMake 3.25, Asio 1.22 (standalone), Catch2 2.13, zlib, libcurl,
 # pugixml.
 #   scripts/deps.sh          what the build and the demo need (with the image layer's
-#                            libjpeg-turbo, libspng and OpenCV imgproc)
+#                            libjpeg-turbo, libspng and OpenCV imgproc, and ISA-L for
+#                            TFRecord's checksum)
 #   scripts/deps.sh --test   and what the tests need: libtorch-dev (the libtorch trainer
 #                            example), python3-dev, pybind11-dev, python3-pip,
 #                            python3-setuptools and python3-torch (the Python module, its
@@ -27,7 +28,7 @@ test_deps=0 bench_deps=0
 [ "${1:-}" = "--test" ] && test_deps=1
 [ "${1:-}" = "--bench" ] && test_deps=1 bench_deps=1
 packages=(g++ make cmake libasio-dev catch2 zlib1g-dev libcurl4-openssl-dev libpugixml-dev libdlpack-dev ccache
-          libjpeg62-turbo-dev libspng-dev libopencv-imgproc-dev)
+          libjpeg62-turbo-dev libspng-dev libopencv-imgproc-dev libisal-dev)
 # The tests also check decoded images against PIL's (Debian's python3-pil, with numpy), and
 # restart-marker JPEGs made by libjpeg-turbo's cjpeg (libjpeg-turbo-progs).
 # libtorch (libtorch-dev, CPU) for the C++ trainer example the tests build and run; the

@@ -27,7 +27,8 @@ TEST_CASE("crc32c: the instruction path equals the portable one at every length 
     sluice::detail::rng r(seed);
     std::vector<unsigned char> buf(200000 + 16);
     for (auto& b : buf) b = static_cast<unsigned char>(r.next());
-    std::vector<std::size_t> lengths = {0, 1, 7, 8, 9, 255, 256, 767, 768, 769, 24575, 24576, 24577, 100000, 200000};
+    std::vector<std::size_t> lengths = {0,     1,     7,     8,     9,      255,   256,   511, 512,
+                                        513,   767,   768,   769,   24575,  24576, 24577, 100000, 200000};
     for (int i = 0; i < 200; ++i) lengths.push_back(r.below(200000));
     for (std::size_t n : lengths) {
         const std::size_t align = r.below(16);
@@ -39,6 +40,34 @@ TEST_CASE("crc32c: the instruction path equals the portable one at every length 
         const std::size_t cut = n ? r.below(n) : 0;
         REQUIRE(sluice::crc32c(p + cut, n - cut, sluice::crc32c(p, cut)) == want);
     }
+}
+
+TEST_CASE("crc32c: where the build found ISA-L, records of 512 bytes and more are summed by it, equal to the portable "
+          "sum from any start",
+          "[crc32c]") {
+#ifndef SLUICE_HAVE_ISAL
+    WARN("[skipped] built without ISA-L (libisal-dev): crc32c is sluice's own code only");
+#else
+    REQUIRE(sluice::detail::crc32c_isal_min == 512);
+    const auto seed = sluice_test::test_seed();
+    INFO("seed " << seed);
+    sluice::detail::rng r(seed);
+    std::vector<unsigned char> buf(300000);
+    for (auto& b : buf) b = static_cast<unsigned char>(r.next());
+    for (std::size_t n : {std::size_t{512}, std::size_t{4096}, std::size_t{102400}, std::size_t{300000}}) {
+        INFO("length " << n);
+        // ISA-L itself, from the inverted start sluice's crc32c gives it, and back.
+        REQUIRE(~crc32_iscsi(buf.data(), static_cast<int>(n), 0xFFFFFFFFu) == sluice::detail::crc32c_portable(buf.data(), n));
+        REQUIRE(sluice::crc32c(buf.data(), n) == sluice::detail::crc32c_portable(buf.data(), n));
+        // Continued from a CRC of either kind of piece (below and above 512 bytes).
+        for (std::size_t cut : {std::size_t{100}, std::size_t{511}, n / 2}) {
+            const auto first = sluice::crc32c(buf.data(), cut);
+            REQUIRE(sluice::crc32c(buf.data() + cut, n - cut, first) == sluice::detail::crc32c_portable(buf.data(), n));
+            REQUIRE(sluice::detail::crc32c_portable(buf.data() + cut, n - cut, first) ==
+                    sluice::detail::crc32c_portable(buf.data(), n));
+        }
+    }
+#endif
 }
 
 TEST_CASE("TFRecord's mask rotates and offsets the CRC", "[crc32c]") {
