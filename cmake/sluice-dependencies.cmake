@@ -12,7 +12,7 @@
 #                 libjpeg62-turbo-dev), libspng (libspng-dev) and OpenCV's core and imgproc
 #                 for resizing (libopencv-imgproc-dev)
 #   sluice::isal  (optional: Intel's ISA-L, whose crc32_iscsi sums TFRecord's CRC-32C
-#                 with carry-less multiplies, 1.7 x the crc32 instruction alone; Debian's
+#                 with carry-less multiplies, 1.7-2.8 x sluice's own code; Debian's
 #                 libisal-dev. Without it, sluice's own code sums it, as before)
 include(CMakeFindDependencyMacro)
 find_dependency(Threads)

@@ -358,6 +358,7 @@ private:
         }
         if (!owns_alone(r)) {
             off_ = true;
+            if (used_ == 0) buf_.reset();  // nothing copied yet (empty records before it): not held
             return false;
         }
         if (used_ + size > buf_->capacity()) grow(group, std::max(buf_->capacity() + buf_->capacity() / 2, used_ + size));

@@ -673,6 +673,44 @@ TEST_CASE("a group of records that share their bytes takes no memory on arrival:
     REQUIRE(pool->cached_bytes() == 0);  // collation took the kept buffer
 }
 
+TEST_CASE("a group copied on arrival that meets a shared record before copying any bytes gives its buffer back",
+          "[batch]") {
+    auto pool = sluice::buffer_pool::create(std::size_t{256} << 20);
+    std::atomic<std::uint64_t> copied{0};
+    auto s = std::make_shared<const sluice::shard>(sluice::shard{"objects", 0, 0});
+    const std::size_t n = 64, size = 100'000;
+    sluice::detail::early_collation early(pool, &copied);
+    // A whole group of objects in buffers of their own: copied on arrival, and the next
+    // group is sized from it.
+    std::vector<sluice::record> g1;
+    for (std::size_t i = 0; i < n; ++i) {
+        g1.push_back(sluice::record{sluice::bytes::copy_of(std::string(size, 'o')), s, i, 0});
+        early.add(g1, n);
+    }
+    REQUIRE(copied == n);
+    auto b1 = early.take();
+    REQUIRE(b1 != nullptr);
+    b1.reset();
+    g1.clear();
+    const std::size_t kept = pool->cached_bytes();
+    REQUIRE(kept >= n * size);
+    // The next group opens with an empty record (its own: it takes the kept buffer), then
+    // a slice of a shared chunk: nothing was copied, so the buffer goes back at once.
+    auto chunk = sluice::bytes::copy_of(std::string(2 * size, 't'));
+    std::vector<sluice::record> g2;
+    g2.push_back(sluice::record{sluice::bytes{}, s, 0, 0});
+    early.add(g2, n);
+    REQUIRE(pool->cached_bytes() == 0);
+    g2.push_back(sluice::record{chunk.slice(0, size), s, 1, 0});
+    early.add(g2, n);
+    REQUIRE(pool->cached_bytes() == kept);
+    g2.push_back(sluice::record{chunk.slice(size, size), s, 2, size});
+    early.add(g2, n);
+    REQUIRE(pool->cached_bytes() == kept);
+    REQUIRE(early.take() == nullptr);
+    REQUIRE(copied == n);
+}
+
 TEST_CASE("a record copied on arrival is checked against its TFRecord checksum, a bad one reported with shard and offset",
           "[batch]") {
     std::shared_ptr<sluice::buffer_source> pool = sluice::buffer_pool::create(std::size_t{64} << 20);
