@@ -139,7 +139,7 @@ inline bool balloon_reports_free_pages(const char* devices = "/sys/bus/virtio/de
 /// pages, taken as twice the lesser of two writes of 1 MiB (one store per 4 KiB, as a
 /// batch's copy first touches it). Each pick leans against huge pages: one huge page the
 /// host still backs (freed by a process just before) or a thread preempted while it writes
-/// 4 KiB pages could make them look cheaper than they are. About 8-9 ms on a VM where
+/// 4 KiB pages could make them look cheaper than they are. About 6-9 ms on a VM where
 /// 4 KiB pages cost 2.7 s/GiB, once a process. Zeros where the memory cannot be mapped.
 struct fresh_touch_cost {
     double huge_s = 0, small_s = 0;
