@@ -645,70 +645,66 @@ TEST_CASE("a group copied on arrival waits a little for the last batch's buffer 
     }
 }
 
-TEST_CASE("a group of records that share their bytes takes no memory on arrival: the pool's buffer stays for collation",
+TEST_CASE("a group copied on arrival takes no memory for records that share their bytes: the pool's buffer stays for "
+          "collation",
           "[batch]") {
     auto pool = sluice::buffer_pool::create(std::size_t{256} << 20);
     std::atomic<std::uint64_t> copied{0};
     auto s = std::make_shared<const sluice::shard>(sluice::shard{"shard-000.tar", 0, 0});
     const std::size_t n = 64, size = 100'000;
-    // The last batch's buffer, back in the pool (faulted in: the batch stage's to reuse).
-    pool->allocate(n * size).reset();
-    const std::size_t kept = pool->cached_bytes();
-    REQUIRE(kept >= n * size);
-    // Records as a parsed shard gives them: slices of one chunk.
-    auto chunk = sluice::bytes::copy_of(std::string(n * size, 't'));
     sluice::detail::early_collation early(pool, &copied);
-    std::vector<sluice::record> group;
-    for (std::size_t i = 0; i < n; ++i) {
-        group.push_back(sluice::record{chunk.slice(i * size, size), s, i, i * size});
-        early.add(group, n);
-        // Held from the pool until the group was full, that buffer made the batch stage
-        // fault in another for the collation (three batch buffers where two serve).
+    SECTION("a group whose first record is a slice of a shard takes none") {
+        // The last batch's buffer, back in the pool (faulted in: the batch stage's to reuse).
+        pool->allocate(n * size).reset();
+        const std::size_t kept = pool->cached_bytes();
+        REQUIRE(kept >= n * size);
+        // Records as a parsed shard gives them: slices of one chunk.
+        auto chunk = sluice::bytes::copy_of(std::string(n * size, 't'));
+        std::vector<sluice::record> group;
+        for (std::size_t i = 0; i < n; ++i) {
+            group.push_back(sluice::record{chunk.slice(i * size, size), s, i, i * size});
+            early.add(group, n);
+            // Held from the pool until the group was full, that buffer made the batch stage
+            // fault in another for the collation (three batch buffers where two serve).
+            REQUIRE(pool->cached_bytes() == kept);
+        }
+        REQUIRE(copied == 0);
+        REQUIRE(early.take() == nullptr);
+        const auto b = sluice::detail::collate_records(group, *pool);
+        REQUIRE(b.data.size() == n * size);
+        REQUIRE(pool->cached_bytes() == 0);  // collation took the kept buffer
+    }
+    SECTION("a group that meets a shared record before copying any bytes gives its buffer back") {
+        // A whole group of objects in buffers of their own: copied on arrival, and the next
+        // group is sized from it.
+        std::vector<sluice::record> g1;
+        for (std::size_t i = 0; i < n; ++i) {
+            g1.push_back(sluice::record{sluice::bytes::copy_of(std::string(size, 'o')), s, i, 0});
+            early.add(g1, n);
+        }
+        REQUIRE(copied == n);
+        auto b1 = early.take();
+        REQUIRE(b1 != nullptr);
+        b1.reset();
+        g1.clear();
+        const std::size_t kept = pool->cached_bytes();
+        REQUIRE(kept >= n * size);
+        // The next group opens with an empty record (its own: it takes the kept buffer),
+        // then a slice of a shared chunk: nothing was copied, so the buffer goes back at once.
+        auto chunk = sluice::bytes::copy_of(std::string(2 * size, 't'));
+        std::vector<sluice::record> g2;
+        g2.push_back(sluice::record{sluice::bytes{}, s, 0, 0});
+        early.add(g2, n);
+        REQUIRE(pool->cached_bytes() == 0);
+        g2.push_back(sluice::record{chunk.slice(0, size), s, 1, 0});
+        early.add(g2, n);
         REQUIRE(pool->cached_bytes() == kept);
+        g2.push_back(sluice::record{chunk.slice(size, size), s, 2, size});
+        early.add(g2, n);
+        REQUIRE(pool->cached_bytes() == kept);
+        REQUIRE(early.take() == nullptr);
+        REQUIRE(copied == n);
     }
-    REQUIRE(copied == 0);
-    REQUIRE(early.take() == nullptr);
-    const auto b = sluice::detail::collate_records(group, *pool);
-    REQUIRE(b.data.size() == n * size);
-    REQUIRE(pool->cached_bytes() == 0);  // collation took the kept buffer
-}
-
-TEST_CASE("a group copied on arrival that meets a shared record before copying any bytes gives its buffer back",
-          "[batch]") {
-    auto pool = sluice::buffer_pool::create(std::size_t{256} << 20);
-    std::atomic<std::uint64_t> copied{0};
-    auto s = std::make_shared<const sluice::shard>(sluice::shard{"objects", 0, 0});
-    const std::size_t n = 64, size = 100'000;
-    sluice::detail::early_collation early(pool, &copied);
-    // A whole group of objects in buffers of their own: copied on arrival, and the next
-    // group is sized from it.
-    std::vector<sluice::record> g1;
-    for (std::size_t i = 0; i < n; ++i) {
-        g1.push_back(sluice::record{sluice::bytes::copy_of(std::string(size, 'o')), s, i, 0});
-        early.add(g1, n);
-    }
-    REQUIRE(copied == n);
-    auto b1 = early.take();
-    REQUIRE(b1 != nullptr);
-    b1.reset();
-    g1.clear();
-    const std::size_t kept = pool->cached_bytes();
-    REQUIRE(kept >= n * size);
-    // The next group opens with an empty record (its own: it takes the kept buffer), then
-    // a slice of a shared chunk: nothing was copied, so the buffer goes back at once.
-    auto chunk = sluice::bytes::copy_of(std::string(2 * size, 't'));
-    std::vector<sluice::record> g2;
-    g2.push_back(sluice::record{sluice::bytes{}, s, 0, 0});
-    early.add(g2, n);
-    REQUIRE(pool->cached_bytes() == 0);
-    g2.push_back(sluice::record{chunk.slice(0, size), s, 1, 0});
-    early.add(g2, n);
-    REQUIRE(pool->cached_bytes() == kept);
-    g2.push_back(sluice::record{chunk.slice(size, size), s, 2, size});
-    early.add(g2, n);
-    REQUIRE(pool->cached_bytes() == kept);
-    REQUIRE(early.take() == nullptr);
-    REQUIRE(copied == n);
 }
 
 TEST_CASE("a record copied on arrival is checked against its TFRecord checksum, a bad one reported with shard and offset",
