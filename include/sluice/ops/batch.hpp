@@ -296,7 +296,9 @@ public:
                 return;
             }
             // The first group's guess is bounded: one large record among small ones must
-            // not ask for hundreds of times its size.
+            // not ask for hundreds of times its size. Fresh memory is faulted in as asked
+            // (buffer_pool): a guess above the group's bytes costs the difference once, in
+            // a run's first group; later groups ask for the last whole group's bytes.
             const std::size_t first = std::max<std::size_t>(group.front().data.size(), 1);
             const std::size_t want = last_ ? last_ : std::min(first * n, std::max(first, first_guess_max));
             buf_ = mem_->allocate_kept(want);

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -104,6 +105,44 @@ TEST_CASE("a varying size gets fresh memory one class larger, which then serves 
     // None where two of the larger buffers would not fit in the cache: it could not keep one.
     auto small = sluice::buffer_pool::create(50 << 20);
     REQUIRE(small->allocate_varying(25'000'000)->capacity() == (24u << 20));
+}
+
+TEST_CASE("fresh memory from the pool has the bytes asked for faulted in at once, and no more", "[bytes]") {
+    if (!sluice::detail::maps_buffer(25u << 20)) {
+        WARN("[test skipped] this build takes large buffers from malloc (AddressSanitizer checks their bounds)");
+        return;
+    }
+    const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    {
+        // The kernel's support (Linux 5.14) is what is tested for here, on memory of its own.
+        void* probe = ::mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        REQUIRE(probe != MAP_FAILED);
+        const bool supported = ::madvise(probe, page, 23 /* MADV_POPULATE_WRITE */) == 0;
+        ::munmap(probe, page);
+        if (!supported) {
+            WARN("[test skipped] this kernel cannot fault in memory ahead (MADV_POPULATE_WRITE)");
+            return;
+        }
+    }
+    // Pages of [from, to) of `p` the kernel has in memory.
+    auto resident = [page](const std::byte* p, std::size_t from, std::size_t to) {
+        std::vector<unsigned char> v((to - from + page - 1) / page);
+        REQUIRE(::mincore(const_cast<std::byte*>(p) + from, to - from, v.data()) == 0);
+        std::size_t n = 0;
+        for (unsigned char c : v) n += c & 1;
+        return n;
+    };
+    auto pool = sluice::buffer_pool::create(128 << 20);
+    // A ragged batch's size: the 24 MiB class, made 28 MiB (allocate_varying), nothing
+    // written yet.
+    const std::size_t size = 25'000'000;
+    auto b = pool->allocate_varying(size);
+    REQUIRE(b->capacity() == (28u << 20));
+    const std::size_t whole = size / page * page;  // the pages wholly inside what was asked
+    CHECK(resident(b->data(), 0, whole) == whole / page);
+    // The headroom is not touched: from the next 2 MiB (a huge page may hold the last bytes).
+    const std::size_t beyond = (size + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+    CHECK(resident(b->data(), beyond, b->capacity()) == 0);
 }
 
 TEST_CASE("allocate_kept serves only what the pool keeps, as allocate_varying would find it", "[bytes]") {
