@@ -4,11 +4,13 @@
 // times the write itself. Maps SIZE bytes (2 MiB aligned), offered transparent huge pages
 // as sluice's large buffers are (--huge) or not, writes them twice and prints each pass.
 //
-//   first_touch [--huge] [--mib N]     (default 64 MiB)
+//   first_touch [--huge] [--populate] [--mib N]     (default 64 MiB)
 //   first_touch --map FILE...           (files in the page cache, as sluice maps shards)
 //   first_touch --pread FILE...         (the same files read with pread, as by_call reads them)
 //
 // Prints {"bytes", "huge", "first_s", "second_s", "first_s_per_gib", "second_s_per_gib"}.
+// --populate faults the pages in with one call (MADV_POPULATE_WRITE, as sluice's buffer
+// pool does for fresh memory) at the start of the first pass, which its time includes.
 // --map maps each file read-only and populated (MADV_POPULATE_READ, as sluice's windows
 // are), then reads every byte twice: what a process's first read of page-cache pages
 // through its own mapping costs beside a second (bench/RESULTS.md, issue 17, 2026-12-05:
@@ -47,6 +49,11 @@ void print(std::size_t n, bool huge, double first, double second) {
 constexpr int populate_read = MADV_POPULATE_READ;
 #else
 constexpr int populate_read = 22;  // Linux's value, where the headers predate it
+#endif
+#ifdef MADV_POPULATE_WRITE
+constexpr int populate_write = MADV_POPULATE_WRITE;
+#else
+constexpr int populate_write = 23;
 #endif
 
 /// Opens `path` for reading and gives its size; -1 (said on stderr) when it cannot.
@@ -144,16 +151,17 @@ int read_by_call(int argc, char** argv, int from) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    bool huge = false;
+    bool huge = false, populate = false;
     std::size_t mib = 64;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--huge") huge = true;
+        else if (a == "--populate") populate = true;
         else if (a == "--mib" && i + 1 < argc) mib = std::strtoull(argv[++i], nullptr, 10);
         else if (a == "--map" && i + 1 < argc) return read_mapped(argc, argv, i + 1);
         else if (a == "--pread" && i + 1 < argc) return read_by_call(argc, argv, i + 1);
         else {
-            std::fprintf(stderr, "usage: first_touch [--huge] [--mib N] | --map FILE... | --pread FILE...\n");
+            std::fprintf(stderr, "usage: first_touch [--huge] [--populate] [--mib N] | --map FILE... | --pread FILE...\n");
             return 2;
         }
     }
@@ -170,6 +178,10 @@ int main(int argc, char** argv) {
 #endif
     auto pass = [&](int v) {
         const auto t0 = clock::now();
+        if (v == 1 && populate && ::madvise(p, n, populate_write) != 0) {
+            std::perror("first_touch: MADV_POPULATE_WRITE (Linux 5.14 and later)");
+            std::exit(1);
+        }
         std::memset(p, v, n);
         asm volatile("" : : "r"(p) : "memory");  // the writes are kept
         return std::chrono::duration<double>(clock::now() - t0).count();

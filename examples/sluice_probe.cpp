@@ -123,7 +123,9 @@ options:
                          (default 8388608), each next one twice the one before
   --max-part-size BYTES  http(s): up to BYTES (default 67108864; at or below --part-size:
                          every part is --part-size)
-  --parts-in-flight P    http(s): parts of one object at once (default 4)
+  --parts-in-flight P    http(s): parts of one object at once (default 4) ...
+  --parallel-parts-below R  http(s): ... while the object comes at below R bytes/s
+                         (default 500000000; 0: always)
   --ordered              http(s): objects delivered in shard order (default: as completed)
   --retries N            http(s): retries of one object after transient failures (default 8)
   --stall-seconds S      http(s): no byte for S seconds fails (and retries) a transfer (default 30)
@@ -207,6 +209,7 @@ struct options {
     bool map = true;
     std::uint64_t map_min_bytes = 1u << 20;
     unsigned in_flight = 64, retries = 8, stall = 30, min_in_flight = 4, parts_in_flight = 4;
+    std::uint64_t parallel_parts_below = sluice::fetch_options{}.parallel_parts_below;
     std::uint64_t part_size = 8u << 20, max_part_size = 64u << 20;
     bool ordered = false;
     std::string ca_file;
@@ -356,6 +359,8 @@ options parse(int argc, char** argv) {
         } else if (a == "--parts-in-flight") {
             o.parts_in_flight = number<unsigned>(a, value());
             if (o.parts_in_flight == 0) usage_error("--parts-in-flight must be at least 1");
+        } else if (a == "--parallel-parts-below") {
+            o.parallel_parts_below = number<std::uint64_t>(a, value());
         } else if (a == "--ordered") {
             o.ordered = true;
         } else if (a == "--retries") {
@@ -730,6 +735,7 @@ int main(int argc, char** argv) {
         f.part_size = part;
         f.max_part_size = max_part;
         f.parts_in_flight = o.parts_in_flight;
+        f.parallel_parts_below = o.parallel_parts_below;
         f.retries = o.retries;
         f.stall = std::chrono::seconds(o.stall);
         f.ca_file = o.ca_file;

@@ -758,6 +758,7 @@ TEST_CASE("fetch: the parts of a large object behind the first download whole wh
         sluice_test::nginx_server nginx(www.path().string(), false, "    access_log " + log + ";\n");
         sluice::pipeline p(sluice::list(nginx.url("big.bin")) | sluice::plan() |
                                sluice::fetch({.part_size = part, .max_part_size = part, .parts_in_flight = 4,
+                                              .parallel_parts_below = 0,  // parallel however fast the connection
                                               .out = {4, 4 * part}}),
                            {.memory = memory});
         auto first = p.next_blocking();
@@ -1149,6 +1150,44 @@ TEST_CASE("fetch: ordered, 503s shrink the requests in flight, not only the limi
     INFO("most requests at the server at once after the limit fell: " << most
                                                                     << ", highest limit seen since: " << highest_after);
     REQUIRE(most <= 24);
+}
+
+TEST_CASE("fetch: the parts of a large object go in parallel only while it comes slowly", "[http][parts]") {
+    // parallel_parts_below: from a connection that delivers faster, one part after another
+    // (parts in parallel there cost CPU for no speed); where each answer waits (an object
+    // store's latency) the waits count, and the parts go in parallel. The stage's in_flight
+    // gauge (the requests holding a permit) is read at every chunk. (The fault server's
+    // count of requests answered at once cannot tell: one part's answer may still be
+    // finishing there when the next has begun on another connection.)
+    sluice_test::temp_dir www;
+    sluice::detail::rng r(sluice_test::test_seed());
+    const std::string body = random_bytes(r, 16u << 20);
+    www.write("big.bin", body);
+    auto most_in_flight = [&](const std::vector<std::string>& flags, std::uint64_t below) {
+        sluice_test::fault_server server(www.path().string(), flags);
+        sluice::pipeline p(sluice::list(server.url("big.bin")) | sluice::plan() |
+                           sluice::fetch({.chunk_size = 256 << 10,
+                                          .part_size = 1 << 20,
+                                          .max_part_size = 1 << 20,
+                                          .parts_in_flight = 4,
+                                          .parallel_parts_below = below}));
+        std::string got;
+        std::uint64_t most = 0;
+        for (auto& c : p) {
+            got += std::string(c.data.view());
+            most = std::max(most, counter(p.figures(), "fetch", "in_flight"));
+        }
+        REQUIRE(got == body);  // all of it, in order, either way
+        REQUIRE(counter(p.figures(), "fetch", "parts") == 15);
+        return most;
+    };
+    // Loopback without delay comes far faster than 1 MB/s, sanitizers or not: one at a time.
+    CHECK(most_in_flight({}, 1'000'000) == 1);
+    // As before the rule (0): the parts go in parallel from the first answer on.
+    CHECK(most_in_flight({}, 0) >= 2);
+    // Every answer waits 30 ms: one part after another, 1 MiB per 30 ms and more, is slower
+    // than 100 MB/s, and the parts go in parallel from the second part's first chunk on.
+    CHECK(most_in_flight({"--ttfb-ms", "30"}, 100'000'000) >= 2);
 }
 
 TEST_CASE("fetch: failures carry error codes a caller can branch on", "[http][errors]") {

@@ -702,7 +702,27 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                 parts_counter.fetch_add(1, std::memory_order_relaxed);
                 parts.push_back(std::move(p));
             };
-            auto refill = [&] {
+            // Parts beyond the one being read pay only where the object comes slowly (a
+            // store that serves each connection at its own rate, a long wait for each
+            // answer, a reader that makes it wait): while it comes at below
+            // `parallel_parts_below` bytes/s, measured from its first chunk on (the first
+            // request's wait also holds the process's and the connection's start: 8-13 ms
+            // for 1 MiB on loopback, where the rest came at 2 GB/s). Each later part's wait
+            // for its answer counts. From a connection faster than that the parts come one
+            // after another: on loopback, four in flight cost 1.8 x the CPU of one for the
+            // same rate (their bytes wait in four sockets' buffers and leave the cache
+            // before they are read; bench/RESULTS.md, issue 17, twenty-second session).
+            // `arrived`: the object's bytes so far; none are opened before its second chunk.
+            std::uint64_t first_chunk = 0;
+            std::chrono::steady_clock::time_point first_chunk_at;
+            auto slow_so_far = [&](std::uint64_t arrived) {
+                if (!o.parallel_parts_below) return true;
+                if (arrived <= first_chunk) return false;
+                const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - first_chunk_at).count();
+                return static_cast<double>(arrived - first_chunk) < s * static_cast<double>(o.parallel_parts_below);
+            };
+            auto refill = [&](std::uint64_t arrived) {
+                if (!slow_so_far(arrived)) return;
                 while (more_parts() && parts.size() < std::max(1u, o.parts_in_flight) && lim->try_acquire(&seq))
                     add_part(true);
             };
@@ -743,7 +763,9 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                             p.to = http_request::npos;
                         } else if (p.to != http_request::npos) {
                             total = t.total;  // npos when the server did not say
-                            refill();
+                            first_chunk = offset - start + data->size();
+                            first_chunk_at = std::chrono::steady_clock::now();
+                            refill(first_chunk);
                         }
                     } else if (!etag.empty() && !t.etag.empty() && t.etag != etag) {
                         throw source_error(src->url, "object changed while downloading (ETag " + etag + " became " +
@@ -777,7 +799,7 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                         offset += c.data.size();
                         eng->resume(p.t);
                         if (refresh_due()) co_await refresh();
-                        refill();
+                        refill(offset - start);
                         continue;
                     }
                     offset += c.data.size();
@@ -796,7 +818,7 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                     eng->resume(p.t);
                     if (delivered_all) break;
                     if (refresh_due()) co_await refresh();  // before the parts after sign with them
-                    refill();  // permits freed since: start more parts
+                    refill(offset - start);  // permits freed since: start more parts
                 }
                 if (delivered_all) {
                     for (auto& q : parts) {
@@ -820,14 +842,14 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                         first_response = false;
                         if (!t.etag.starts_with("W/")) etag = t.etag;
                         total = empty_object ? 0 : t.total;
-                        if (!t.ranged_ignored && p.to != http_request::npos) refill();
+                        if (!t.ranged_ignored && p.to != http_request::npos) refill(offset - start);
                     }
                     // 200 (not 206): the server sent the object to its end, whatever was asked.
                     const bool part_done = p.to == http_request::npos || t.status == 200 || have_all || empty_object;
                     if (part_done) {
                         parts.pop_front();
                         attempt = 0;
-                        refill();
+                        refill(offset - start);
                         continue;
                     }
                     if (ok && t.status == 206 && total == http_request::npos && offset == p.to + 1) {
