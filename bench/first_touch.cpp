@@ -8,7 +8,8 @@
 //   first_touch --map FILE...           (files in the page cache, as sluice maps shards)
 //   first_touch --pread FILE...         (the same files read with pread, as by_call reads them)
 //
-// Prints {"bytes", "huge", "first_s", "second_s", "first_s_per_gib", "second_s_per_gib"}.
+// Prints {"bytes", "huge", "populate", "first_s", "second_s", "first_s_per_gib",
+// "second_s_per_gib"}.
 // --populate faults the pages in with one call (MADV_POPULATE_WRITE, as sluice's buffer
 // pool does for fresh memory) at the start of the first pass, which its time includes.
 // --map maps each file read-only and populated (MADV_POPULATE_READ, as sluice's windows
@@ -38,11 +39,11 @@
 namespace {
 using clock = std::chrono::steady_clock;
 
-void print(std::size_t n, bool huge, double first, double second) {
+void print(std::size_t n, bool huge, double first, double second, bool populate = false) {
     const double gib = double(n) / double(std::size_t{1} << 30);
-    std::printf("{\"bytes\":%zu,\"huge\":%s,\"first_s\":%.4f,\"second_s\":%.4f,\"first_s_per_gib\":%.3f,"
-                "\"second_s_per_gib\":%.3f}\n",
-                n, huge ? "true" : "false", first, second, first / gib, second / gib);
+    std::printf("{\"bytes\":%zu,\"huge\":%s,\"populate\":%s,\"first_s\":%.4f,\"second_s\":%.4f,"
+                "\"first_s_per_gib\":%.3f,\"second_s_per_gib\":%.3f}\n",
+                n, huge ? "true" : "false", populate ? "true" : "false", first, second, first / gib, second / gib);
 }
 
 #ifdef MADV_POPULATE_READ
@@ -187,6 +188,6 @@ int main(int argc, char** argv) {
         return std::chrono::duration<double>(clock::now() - t0).count();
     };
     const double first = pass(1), second = pass(2);
-    print(n, huge, first, second);
+    print(n, huge, first, second, populate);
     return 0;
 }

@@ -209,7 +209,7 @@ struct options {
     bool map = true;
     std::uint64_t map_min_bytes = 1u << 20;
     unsigned in_flight = 64, retries = 8, stall = 30, min_in_flight = 4, parts_in_flight = 4;
-    std::uint64_t parallel_parts_below = sluice::fetch_options{}.parallel_parts_below;
+    std::uint64_t parallel_parts_below = sluice::fetch_options{}.parallel_parts_below_bytes_per_s;
     std::uint64_t part_size = 8u << 20, max_part_size = 64u << 20;
     bool ordered = false;
     std::string ca_file;
@@ -735,7 +735,7 @@ int main(int argc, char** argv) {
         f.part_size = part;
         f.max_part_size = max_part;
         f.parts_in_flight = o.parts_in_flight;
-        f.parallel_parts_below = o.parallel_parts_below;
+        f.parallel_parts_below_bytes_per_s = o.parallel_parts_below;
         f.retries = o.retries;
         f.stall = std::chrono::seconds(o.stall);
         f.ca_file = o.ca_file;

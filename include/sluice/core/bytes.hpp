@@ -11,6 +11,8 @@
 #include <sluice/core/detail/file_mapping.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -223,8 +225,8 @@ inline std::byte* map_buffer(std::size_t capacity, bool huge_pages = offer_huge_
 inline void unmap_buffer(std::byte* data, std::size_t capacity) noexcept { ::munmap(data, capacity); }
 
 /// Faults in the whole pages of [p, p + n) in one call (MADV_POPULATE_WRITE, Linux 5.14;
-/// on older kernels it fails and the pages fault in as they are written), for fresh
-/// memory about to be written in full. The kernel zeroes the same pages either way, but
+/// on older kernels, and where it failed once, nothing: the pages fault in as they are
+/// written), for fresh memory about to be written in full (buffer::will_write). The kernel zeroes the same pages either way, but
 /// without a trap per 4 KiB page: where a fault is dear that is most of first touch's
 /// cost (bench/RESULTS.md, issue 17, twenty-second session: 4 KiB pages 2.7-2.8 ->
 /// 1.4-1.6 s/GiB on a VM with paravirtual paging, in 16 KiB to 64 MiB pieces).
@@ -235,7 +237,10 @@ inline void populate(std::byte* p, std::size_t n) noexcept {
     static const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
     const auto a = (reinterpret_cast<std::uintptr_t>(p) + page - 1) & ~(std::uintptr_t{page} - 1);
     const auto b = (reinterpret_cast<std::uintptr_t>(p) + n) & ~(std::uintptr_t{page} - 1);
-    if (b > a) ::madvise(reinterpret_cast<void*>(a), b - a, MADV_POPULATE_WRITE);
+    static std::atomic<bool> unsupported{false};
+    if (b > a && !unsupported.load(std::memory_order_relaxed) &&
+        ::madvise(reinterpret_cast<void*>(a), b - a, MADV_POPULATE_WRITE) != 0 && errno == EINVAL)
+        unsupported.store(true, std::memory_order_relaxed);  // this kernel has no such advice
 }
 
 }  // namespace detail
@@ -268,6 +273,17 @@ public:
     std::byte* data() noexcept { return data_; }
     const std::byte* data() const noexcept { return data_; }
     std::size_t capacity() const noexcept { return capacity_; }
+    /// For a caller about to write the first `n` bytes, all of them: where this is fresh
+    /// memory a buffer_pool has just made, their pages are faulted in at once
+    /// (detail::populate), without a trap per 4 KiB page. Otherwise (memory used before,
+    /// or owned elsewhere; a second call) nothing. A caller that may write less than it
+    /// asked for (a guess, a chunk of unknown length) does not call it: it would make
+    /// resident what nothing writes.
+    void will_write(std::size_t n) noexcept {
+        if (!fresh_) return;
+        fresh_ = false;
+        detail::populate(data_, std::min(n, capacity_));
+    }
     /// The mapped file this buffer views, or null.
     const std::shared_ptr<detail::file_mapping>& file() const noexcept { return file_; }
 
@@ -281,6 +297,8 @@ private:
     std::size_t capacity_;
     release_fn release_ = nullptr;
     std::shared_ptr<detail::file_mapping> file_;
+    bool fresh_ = false;  // made by a buffer_pool just now, not yet written (will_write)
+    friend class buffer_pool;
 };
 
 /// Where buffers come from. The default recycles heap buffers; the cuda layer provides a
@@ -315,8 +333,8 @@ public:
 /// touch, and glibc returns freed memory to the system and faults it in again when
 /// records of a few hundred KiB churn (measured: the shuffle stage spent most of its time in page faults before it
 /// allocated here). Requests below 16 KiB are not pooled (malloc serves them well).
-/// Fresh memory has the `size` bytes asked for faulted in at once (detail::populate), so a
-/// caller asks for what it will write; what allocate_varying adds on top is not touched.
+/// Fresh memory is marked so (buffer::will_write): a caller that writes what it asked for
+/// has those pages faulted in at once.
 class buffer_pool final : public buffer_source, public std::enable_shared_from_this<buffer_pool> {
 public:
     static constexpr std::size_t min_pooled = 16u << 10;
@@ -384,7 +402,7 @@ private:
         if (!b && !fresh) return nullptr;
         if (!b) {
             b = std::make_unique<buffer>(fresh);
-            detail::populate(b->data(), size);  // what the caller asked for: it writes that
+            b->fresh_ = true;
         }
         // The deleter holds a weak reference: buffers may outlive the pool.
         return std::shared_ptr<buffer>(b.release(), [w = weak_from_this()](buffer* p) {
@@ -394,6 +412,7 @@ private:
     }
 
     void recycle(std::unique_ptr<buffer> b) {
+        b->fresh_ = false;
         std::lock_guard lock(m_);
         if (cached_ + b->capacity() > max_cached_) return;  // b freed on return
         cached_ += b->capacity();
@@ -420,6 +439,7 @@ public:
     /// A copy of `s` in a buffer of its own (from `from` when given).
     static bytes copy_of(std::span<const std::byte> s, buffer_source* from = nullptr) {
         auto b = from ? from->allocate(s.size()) : std::make_shared<buffer>(s.size() ? s.size() : 1);
+        b->will_write(s.size());
         if (!s.empty()) std::memcpy(b->data(), s.data(), s.size());
         return bytes(std::move(b), s.size());
     }

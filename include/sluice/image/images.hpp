@@ -167,6 +167,7 @@ image decode_one(const In& in, const image_options& o, image_worker_state& w, bu
     out.width = out.height = o.size;
     const std::size_t n = std::size_t(o.size) * o.size * 3;
     auto buf = mem.allocate(n);
+    buf->will_write(n);
     imaging::resize(w.crop, o.size, o.size, reinterpret_cast<std::uint8_t*>(buf->data()));
     if (o.mode == image_mode::train && o.flip && (r.next() >> 63))
         imaging::flip_horizontal(reinterpret_cast<std::uint8_t*>(buf->data()), o.size, o.size);
@@ -256,6 +257,7 @@ inline host_batch collate_images(std::vector<image>& g, buffer_source& mem, cons
     const std::size_t elem = o.dtype == pixel_type::uint8 ? 1 : 4;
     const std::size_t per = px * 3 * elem;
     auto buf = mem.allocate(per * g.size());
+    buf->will_write(per * g.size());
     std::byte* base = buf->data();
     std::array<float, 3> scale{}, shift{};
     for (int c = 0; c < 3; ++c) {

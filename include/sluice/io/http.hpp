@@ -47,15 +47,16 @@ struct fetch_options {
     std::uint64_t part_size = 8u << 20;
     std::uint64_t max_part_size = 64u << 20;
     unsigned parts_in_flight = 4;
-    /// ... but the parts after an object's first are opened only while the object has
-    /// come, since its first request, at below this many bytes per second (0: always).
-    /// From a faster connection its parts come one after another: there one connection
-    /// is as fast as the receiving core, and parts in parallel only cost CPU (on loopback
-    /// four in flight took 1.8 x the CPU of one for the same rate, their bytes leaving
-    /// the cache while they waited in four sockets). 500 MB/s is five times what S3
-    /// gives one connection; a slow first answer or a reader that makes the object wait
-    /// also makes it slow, and its parts then go in parallel as before.
-    std::uint64_t parallel_parts_below = 500'000'000;
+    /// ... but the parts after an object's first go in parallel only once the object has
+    /// come at below this many bytes per second (from its first chunk on, each later
+    /// part's wait for its answer counted, its waits for the reader or its turn not), and
+    /// then for the rest of it; 0: always (as before this option). From a faster
+    /// connection its parts come one after another: there one connection is as fast as the
+    /// receiving core, and parts in parallel only cost CPU (on loopback four in flight
+    /// took 1.8 x the CPU of one for the same rate, their bytes leaving the cache while
+    /// they waited in four sockets). 500 MB/s is five times what S3 gives one connection.
+    /// Nothing without `parallel_parts`.
+    std::uint64_t parallel_parts_below_bytes_per_s = 500'000'000;
     /// Retries of one object after a transient failure (connection error, timeout, stall,
     /// a cut body, 429, 500, 502, 503, 504), with capped exponential backoff and full
     /// jitter. A cut body resumes from its last byte (Range + If-Match on the ETag).

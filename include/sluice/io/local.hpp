@@ -167,6 +167,7 @@ task<void> read_file(stage_context<shard, chunk>& ctx, std::shared_ptr<const sha
         const std::size_t want =
             size == ~0ull ? chunk_size : static_cast<std::size_t>(std::min<std::uint64_t>(chunk_size, size - offset));
         auto buf = ctx.rt.buffers()->allocate(want);
+        if (size != ~0ull) buf->will_write(want);  // a regular file's chunk is read whole
         std::size_t filled = 0;
         bool eof = false;
         while (filled < want) {

@@ -296,9 +296,7 @@ public:
                 return;
             }
             // The first group's guess is bounded: one large record among small ones must
-            // not ask for hundreds of times its size. Fresh memory is faulted in as asked
-            // (buffer_pool): a guess above the group's bytes costs the difference once, in
-            // a run's first group; later groups ask for the last whole group's bytes.
+            // not ask for hundreds of times its size.
             const std::size_t first = std::max<std::size_t>(group.front().data.size(), 1);
             const std::size_t want = last_ ? last_ : std::min(first * n, std::max(first, first_guess_max));
             buf_ = mem_->allocate_kept(want);
@@ -310,6 +308,10 @@ public:
             // 25 MB lower). Not below the sizes a pool keeps (none would come back).
             if (!buf_ && last_ >= buffer_pool::min_pooled && group.size() < std::max<std::size_t>(1, n / 8)) return;
             if (!buf_) buf_ = mem_->allocate_varying(want);
+            // Sized from the last whole group (ragged records or an epoch's last group may
+            // come out somewhat smaller), fresh memory is faulted in at once
+            // (buffer::will_write); not from the first group's guess, which may be far above.
+            if (last_) buf_->will_write(want);
             // Streamed (see copy_in) by the batch's expected size, as collation decides by
             // its size, not by the capacity the pool happened to give.
             stream_ = want >= streamed_batch_bytes;
@@ -421,6 +423,7 @@ inline host_batch collate_records(std::vector<record>& rs, buffer_source& mem, c
         // Records of different sizes make batches of different sizes: memory that may also
         // serve the next, larger batch (buffer_source::allocate_varying).
         auto fresh = ragged ? mem.allocate_varying(total) : mem.allocate(total);
+        fresh->will_write(total);
         const bool stream = total >= streamed_batch_bytes;
         auto copy = std::make_shared<collate_copy>(rs, fresh->data(), b.offsets, stream);
         if (helper && total >= helped_collation_bytes && rs.size() >= 2)

@@ -758,7 +758,7 @@ TEST_CASE("fetch: the parts of a large object behind the first download whole wh
         sluice_test::nginx_server nginx(www.path().string(), false, "    access_log " + log + ";\n");
         sluice::pipeline p(sluice::list(nginx.url("big.bin")) | sluice::plan() |
                                sluice::fetch({.part_size = part, .max_part_size = part, .parts_in_flight = 4,
-                                              .parallel_parts_below = 0,  // parallel however fast the connection
+                                              .parallel_parts_below_bytes_per_s = 0,  // parallel however fast the connection
                                               .out = {4, 4 * part}}),
                            {.memory = memory});
         auto first = p.next_blocking();
@@ -835,7 +835,9 @@ TEST_CASE("fetch: large objects download as ranged parts in parallel, delivered 
         return std::pair{got, p.figures()};
     };
     // Every part 1 MiB (max_part_size no larger than part_size).
-    const sluice::fetch_options parts{.chunk_size = 256 << 10, .part_size = 1 << 20, .max_part_size = 1 << 20, .parts_in_flight = 4};
+    // Side by side however fast the connection: the paths of the parts behind the first.
+    const sluice::fetch_options parts{.chunk_size = 256 << 10, .part_size = 1 << 20, .max_part_size = 1 << 20, .parts_in_flight = 4,
+                                      .parallel_parts_below_bytes_per_s = 0};
     {
         sluice_test::nginx_server nginx(www.path().string());
         auto [got, f] = fetch_all(nginx.url("{big,small,empty}.bin"), parts);
@@ -985,10 +987,11 @@ TEST_CASE("fetch: many large objects through a small request budget arrive whole
         www.write(name, body);
         want[nginx.url(name)] = body;
     }
-    // 2 permits for 6 objects of 4 parts: most parts start without a free permit.
+    // 2 permits for 6 objects of 4 parts: most parts start without a free permit (side by
+    // side however fast the connection).
     sluice::pipeline p(sluice::list(nginx.url("big{0..5}.bin")) | sluice::plan() |
                        sluice::fetch({.concurrency = 2, .min_concurrency = 1, .chunk_size = 128 << 10, .part_size = 1 << 20,
-                                      .max_part_size = 1 << 20}) |
+                                      .max_part_size = 1 << 20, .parallel_parts_below_bytes_per_s = 0}) |
                        sluice::raw());
     std::map<std::string, std::string> got;
     for (auto& rec : p) got[rec.source->url] = std::string(rec.data.view());
@@ -1153,41 +1156,50 @@ TEST_CASE("fetch: ordered, 503s shrink the requests in flight, not only the limi
 }
 
 TEST_CASE("fetch: the parts of a large object go in parallel only while it comes slowly", "[http][parts]") {
-    // parallel_parts_below: from a connection that delivers faster, one part after another
-    // (parts in parallel there cost CPU for no speed); where each answer waits (an object
-    // store's latency) the waits count, and the parts go in parallel. The stage's in_flight
-    // gauge (the requests holding a permit) is read at every chunk. (The fault server's
-    // count of requests answered at once cannot tell: one part's answer may still be
-    // finishing there when the next has begun on another connection.)
+    // parallel_parts_below_bytes_per_s: from a connection that delivers faster, one part
+    // after another (parts in parallel there cost CPU for no speed); where each answer waits
+    // (an object store's latency) the waits count, and the parts go in parallel; a reader
+    // that makes the object wait does not count. The stage's in_flight gauge (the requests
+    // holding a permit) is read at every chunk. (The fault server's count of requests
+    // answered at once cannot tell: one part's answer may still be finishing there when
+    // the next has begun on another connection.)
     sluice_test::temp_dir www;
     sluice::detail::rng r(sluice_test::test_seed());
     const std::string body = random_bytes(r, 16u << 20);
     www.write("big.bin", body);
-    auto most_in_flight = [&](const std::vector<std::string>& flags, std::uint64_t below) {
+    www.write("small.bin", body.substr(0, 4u << 20));
+    auto most_in_flight = [&](const std::vector<std::string>& flags, std::uint64_t below, const std::string& name = "big.bin",
+                              int reader_ms = 0) {
         sluice_test::fault_server server(www.path().string(), flags);
-        sluice::pipeline p(sluice::list(server.url("big.bin")) | sluice::plan() |
+        sluice::pipeline p(sluice::list(server.url(name)) | sluice::plan() |
                            sluice::fetch({.chunk_size = 256 << 10,
                                           .part_size = 1 << 20,
                                           .max_part_size = 1 << 20,
                                           .parts_in_flight = 4,
-                                          .parallel_parts_below = below}));
+                                          .parallel_parts_below_bytes_per_s = below,
+                                          .out = {2, 0}}));
         std::string got;
         std::uint64_t most = 0;
         for (auto& c : p) {
             got += std::string(c.data.view());
             most = std::max(most, counter(p.figures(), "fetch", "in_flight"));
+            if (reader_ms) std::this_thread::sleep_for(std::chrono::milliseconds(reader_ms));
         }
-        REQUIRE(got == body);  // all of it, in order, either way
-        REQUIRE(counter(p.figures(), "fetch", "parts") == 15);
+        REQUIRE(got == body.substr(0, got.size()));  // all of it, in order, either way
+        REQUIRE(got.size() == (name == "big.bin" ? body.size() : std::size_t{4} << 20));
+        REQUIRE(counter(p.figures(), "fetch", "parts") == got.size() / (1u << 20) - 1);
         return most;
     };
-    // Loopback without delay comes far faster than 1 MB/s, sanitizers or not: one at a time.
-    CHECK(most_in_flight({}, 1'000'000) == 1);
-    // As before the rule (0): the parts go in parallel from the first answer on.
+    // Loopback without delay comes far faster than 1 kB/s, sanitizers or not: one at a time.
+    CHECK(most_in_flight({}, 1'000) == 1);
+    // As before the option (0): the parts go in parallel from the first answer on.
     CHECK(most_in_flight({}, 0) >= 2);
     // Every answer waits 30 ms: one part after another, 1 MiB per 30 ms and more, is slower
     // than 100 MB/s, and the parts go in parallel from the second part's first chunk on.
     CHECK(most_in_flight({"--ttfb-ms", "30"}, 100'000'000) >= 2);
+    // A reader that takes 30 ms a chunk (under 9 MB/s) behind a channel of two chunks: the
+    // object waits for it, and that time does not count against the connection's rate.
+    CHECK(most_in_flight({}, 10'000'000, "small.bin", 30) == 1);
 }
 
 TEST_CASE("fetch: failures carry error codes a caller can branch on", "[http][errors]") {

@@ -572,6 +572,7 @@ TEST_CASE("s3: throttling (503 SlowDown) backs off and retries, parts and resume
                        sluice::fetch({.concurrency = 8,
                                       .part_size = 1u << 20,
                                       .max_part_size = 1u << 20,  // every part 1 MiB: more of them to retry
+                                      .parallel_parts_below_bytes_per_s = 0,  // side by side, however fast
                                       .retries = 30,
                                       .backoff_base = std::chrono::milliseconds(1),
                                       .backoff_cap = std::chrono::milliseconds(20),

@@ -495,6 +495,7 @@ private:
                 if (!t.buf) {
                     t.want = static_cast<std::size_t>(std::min<std::uint64_t>(t.req.chunk_size, t.left));
                     t.buf = t.req.mem ? t.req.mem->allocate(t.want) : std::make_shared<buffer>(t.want);
+                    t.buf->will_write(t.want);  // the body's length is known: all of it is filled
                     t.fill = 0;
                 }
                 const ssize_t n = ::recv(t.fd, t.buf->data() + t.fill, t.want - t.fill, 0);  // non-blocking
@@ -838,11 +839,16 @@ private:
                 // shuffle would copy out of).
                 t.want = t.req.chunk_size;
                 curl_off_t length = -1;
-                if (curl_easy_getinfo(t.easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length) == CURLE_OK && length > 0 &&
-                    static_cast<std::uint64_t>(length) > t.received)
+                const bool sized = curl_easy_getinfo(t.easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length) == CURLE_OK &&
+                                   length > 0 && static_cast<std::uint64_t>(length) > t.received;
+                if (sized)
                     t.want = static_cast<std::size_t>(
                         std::min<std::uint64_t>(t.want, static_cast<std::uint64_t>(length) - t.received));
                 t.buf = t.req.mem ? t.req.mem->allocate(t.want) : std::make_shared<buffer>(t.want);
+                // Filled whole where the response said its length (a body of unknown length
+                // may end anywhere in it): the pages at once, not a fault each (2,000 objects
+                // of 50-150 KB: 8,300 -> 4,900 page faults, bench/RESULTS.md, issue 17).
+                if (sized) t.buf->will_write(t.want);
                 t.fill = 0;
             }
             const std::size_t k = std::min(len, t.want - t.fill);

@@ -670,7 +670,8 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
             const bool first_permit = co_await wait_permit(&first_seq);
             after_wait(first_permit, first_seq);
             // The first request asks for one part: its answer gives the object's size, and
-            // the other parts then download in parallel, `parts_in_flight` at a time.
+            // the other parts follow, `parts_in_flight` at a time where the object comes
+            // slowly (refill), else one after another.
             parts.push_back(http_part{start, o.parallel_parts ? start + part_size - 1 : http_request::npos, {}, first_permit,
                                       first_seq});
             const auto where = fs.locate(src->url);
@@ -704,22 +705,29 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
             };
             // Parts beyond the one being read pay only where the object comes slowly (a
             // store that serves each connection at its own rate, a long wait for each
-            // answer, a reader that makes it wait): while it comes at below
-            // `parallel_parts_below` bytes/s, measured from its first chunk on (the first
-            // request's wait also holds the process's and the connection's start: 8-13 ms
-            // for 1 MiB on loopback, where the rest came at 2 GB/s). Each later part's wait
-            // for its answer counts. From a connection faster than that the parts come one
-            // after another: on loopback, four in flight cost 1.8 x the CPU of one for the
-            // same rate (their bytes wait in four sockets' buffers and leave the cache
-            // before they are read; bench/RESULTS.md, issue 17, twenty-second session).
-            // `arrived`: the object's bytes so far; none are opened before its second chunk.
+            // answer): they are opened once it has come at below
+            // `parallel_parts_below_bytes_per_s`, and from then on for the rest of the
+            // object (four parts at r each come at 4r, which must not close them again).
+            // Measured from its first chunk on (the first request's wait also holds the
+            // process's and the connection's start: 8-13 ms for 1 MiB on loopback, where
+            // the rest came at 2 GB/s), each later part's wait for its answer counted, the
+            // time the object waits for its reader or its turn not: a reader slower than
+            // the connection is not helped by more of them. From a connection faster than
+            // that the parts come one after another: on loopback, four in flight cost 1.8 x
+            // the CPU of one for the same rate (their bytes wait in four sockets' buffers
+            // and leave the cache before they are read; bench/RESULTS.md, issue 17,
+            // twenty-second session). `arrived`: the object's bytes so far; none are
+            // opened before its second chunk.
             std::uint64_t first_chunk = 0;
-            std::chrono::steady_clock::time_point first_chunk_at;
+            auto first_chunk_at = std::chrono::steady_clock::now();
+            std::chrono::steady_clock::duration waited{};  // for the reader or the turn, since then
+            bool slow = o.parallel_parts_below_bytes_per_s == 0;
             auto slow_so_far = [&](std::uint64_t arrived) {
-                if (!o.parallel_parts_below) return true;
-                if (arrived <= first_chunk) return false;
-                const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - first_chunk_at).count();
-                return static_cast<double>(arrived - first_chunk) < s * static_cast<double>(o.parallel_parts_below);
+                if (slow || arrived <= first_chunk) return slow;
+                const double s =
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - first_chunk_at - waited).count();
+                slow = static_cast<double>(arrived - first_chunk) < s * static_cast<double>(o.parallel_parts_below_bytes_per_s);
+                return slow;
             };
             auto refill = [&](std::uint64_t arrived) {
                 if (!slow_so_far(arrived)) return;
@@ -765,6 +773,7 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                             total = t.total;  // npos when the server did not say
                             first_chunk = offset - start + data->size();
                             first_chunk_at = std::chrono::steady_clock::now();
+                            waited = {};
                             refill(first_chunk);
                         }
                     } else if (!etag.empty() && !t.etag.empty() && t.etag != etag) {
@@ -810,11 +819,13 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                     // ends it, see curl_engine::detach).
                     delivered_all = total != http_request::npos && offset == total;
                     c.last = delivered_all;
+                    const auto wait_from = std::chrono::steady_clock::now();
                     if (!my_turn) {
                         co_await ctx.turn->wait(ticket);
                         my_turn = true;
                     }
                     co_await ctx.out.send(std::move(c));
+                    waited += std::chrono::steady_clock::now() - wait_from;
                     eng->resume(p.t);
                     if (delivered_all) break;
                     if (refresh_due()) co_await refresh();  // before the parts after sign with them
