@@ -224,12 +224,13 @@ inline std::byte* map_buffer(std::size_t capacity, bool huge_pages = offer_huge_
 }
 inline void unmap_buffer(std::byte* data, std::size_t capacity) noexcept { ::munmap(data, capacity); }
 
-/// Faults in the whole pages of [p, p + n) in one call (MADV_POPULATE_WRITE, Linux 5.14;
-/// on older kernels, and where it failed once, nothing: the pages fault in as they are
-/// written), for fresh memory about to be written in full (buffer::will_write). The kernel zeroes the same pages either way, but
-/// without a trap per 4 KiB page: where a fault is dear that is most of first touch's
-/// cost (bench/RESULTS.md, issue 17, twenty-second session: 4 KiB pages 2.7-2.8 ->
-/// 1.4-1.6 s/GiB on a VM with paravirtual paging, in 16 KiB to 64 MiB pieces).
+/// Faults in the whole pages of [p, p + n) by call (MADV_POPULATE_WRITE, Linux 5.14; on
+/// older kernels, and where it failed once, nothing: the pages fault in as they are
+/// written), for fresh memory about to be written in full (buffer::will_write). The
+/// kernel zeroes the same pages either way, but without a trap per 4 KiB page: where a
+/// fault is dear that is most of first touch's cost (bench/RESULTS.md, issue 17,
+/// twenty-second session: 4 KiB pages 2.8-3.4 -> 1.75-1.85 s/GiB on a VM with
+/// paravirtual paging, bench/first_touch --populate).
 inline void populate(std::byte* p, std::size_t n) noexcept {
 #ifndef MADV_POPULATE_WRITE
     constexpr int MADV_POPULATE_WRITE = 23;

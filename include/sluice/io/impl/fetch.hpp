@@ -716,21 +716,21 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
             // that the parts come one after another: on loopback, four in flight cost 1.8 x
             // the CPU of one for the same rate (their bytes wait in four sockets' buffers
             // and leave the cache before they are read; bench/RESULTS.md, issue 17,
-            // twenty-second session). `arrived`: the object's bytes so far; none are
-            // opened before its second chunk.
+            // twenty-second session). None are opened before its second chunk.
             std::uint64_t first_chunk = 0;
             auto first_chunk_at = std::chrono::steady_clock::now();
             std::chrono::steady_clock::duration waited{};  // for the reader or the turn, since then
             bool slow = o.parallel_parts_below_bytes_per_s == 0;
-            auto slow_so_far = [&](std::uint64_t arrived) {
+            auto slow_so_far = [&] {
+                const std::uint64_t arrived = offset - start;
                 if (slow || arrived <= first_chunk) return slow;
                 const double s =
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - first_chunk_at - waited).count();
                 slow = static_cast<double>(arrived - first_chunk) < s * static_cast<double>(o.parallel_parts_below_bytes_per_s);
                 return slow;
             };
-            auto refill = [&](std::uint64_t arrived) {
-                if (!slow_so_far(arrived)) return;
+            auto refill = [&] {
+                if (!slow_so_far()) return;
                 while (more_parts() && parts.size() < std::max(1u, o.parts_in_flight) && lim->try_acquire(&seq))
                     add_part(true);
             };
@@ -774,7 +774,7 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                             first_chunk = offset - start + data->size();
                             first_chunk_at = std::chrono::steady_clock::now();
                             waited = {};
-                            refill(first_chunk);
+                            refill();
                         }
                     } else if (!etag.empty() && !t.etag.empty() && t.etag != etag) {
                         throw source_error(src->url, "object changed while downloading (ETag " + etag + " became " +
@@ -808,7 +808,7 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                         offset += c.data.size();
                         eng->resume(p.t);
                         if (refresh_due()) co_await refresh();
-                        refill(offset - start);
+                        refill();
                         continue;
                     }
                     offset += c.data.size();
@@ -829,7 +829,7 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                     eng->resume(p.t);
                     if (delivered_all) break;
                     if (refresh_due()) co_await refresh();  // before the parts after sign with them
-                    refill(offset - start);  // permits freed since: start more parts
+                    refill();  // permits freed since: start more parts
                 }
                 if (delivered_all) {
                     for (auto& q : parts) {
@@ -853,14 +853,14 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                         first_response = false;
                         if (!t.etag.starts_with("W/")) etag = t.etag;
                         total = empty_object ? 0 : t.total;
-                        if (!t.ranged_ignored && p.to != http_request::npos) refill(offset - start);
+                        if (!t.ranged_ignored && p.to != http_request::npos) refill();
                     }
                     // 200 (not 206): the server sent the object to its end, whatever was asked.
                     const bool part_done = p.to == http_request::npos || t.status == 200 || have_all || empty_object;
                     if (part_done) {
                         parts.pop_front();
                         attempt = 0;
-                        refill(offset - start);
+                        refill();
                         continue;
                     }
                     if (ok && t.status == 206 && total == http_request::npos && offset == p.to + 1) {
