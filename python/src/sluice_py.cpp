@@ -182,9 +182,16 @@ any_source append(sluice::source<T> s, const std::string& name, options& o, buil
         } else {
             sluice::fetch_options f;
             o.get("concurrency", f.concurrency);
+            o.get("chunk_size", f.chunk_size);
+            o.get("parallel_parts", f.parallel_parts);
             o.get("part_size", f.part_size);
             o.get("max_part_size", f.max_part_size);
+            o.get("parts_in_flight", f.parts_in_flight);
+            o.get("parallel_parts_below_bytes_per_s", f.parallel_parts_below_bytes_per_s);
             o.get("retries", f.retries);
+            o.get("max_redirects", f.max_redirects);
+            o.get("ca_file", f.ca_file);
+            o.get("insecure", f.insecure);
             o.get("min_concurrency", f.min_concurrency);
             o.get("shared_limit", f.shared_limit);
             order_opt(o, f.order);

@@ -393,6 +393,106 @@ class SharedLimit(unittest.TestCase):
             self.assertTrue(os.path.exists(os.path.join(node, ".sluice-requests")))
 
 
+def fault_server(root, *flags):
+    """The project's fault server (tests/support/fault_server.py) on a free loopback port:
+    (process, base URL). Stop it by its pid (terminate)."""
+    srv = subprocess.Popen(["/usr/bin/python3", os.environ["SLUICE_FAULT_SERVER"], root, *flags],
+                           stdout=subprocess.PIPE, text=True)
+    line = srv.stdout.readline().split()
+    if len(line) != 2 or line[0] != "port":
+        srv.terminate()
+        srv.wait()
+        srv.stdout.close()
+        raise RuntimeError("the fault server did not start: %r" % line)
+    return srv, "http://127.0.0.1:%s" % line[1]
+
+
+def server_stats(base):
+    import urllib.request
+    with urllib.request.urlopen(base + "/__stats", timeout=10) as r:
+        words = r.read().decode().split()
+    return {words[i]: int(words[i + 1]) for i in range(0, len(words) - 1, 2)}
+
+
+class FetchOptions(unittest.TestCase):
+    """fetch's options beyond the first version's, by their C++ names."""
+
+    def fetch_one(self, url, **opts):
+        p = sluice.Pipeline(sluice.list(url) | sluice.plan() | sluice.fetch(**opts) | sluice.raw()
+                            | sluice.batch(size=1))
+        got = [b.record(0) for b in p]
+        fetch = [s for s in p.figures()["stages"] if s["name"] == "fetch"][0]
+        return got, fetch
+
+    def test_a_large_objects_parts_in_parallel_or_whole_as_asked(self):
+        body = os.urandom(8 << 20)
+        with tempfile.TemporaryDirectory() as www:
+            with open(os.path.join(www, "big.bin"), "wb") as f:
+                f.write(body)
+            # Every answer waits 30 ms (an object store's latency): with no rate below which
+            # they wait their turn (0), the parts go in parallel, four at a time.
+            srv, base = fault_server(www, "--ttfb-ms", "30")
+            try:
+                got, fetch = self.fetch_one(base + "/big.bin", chunk_size=256 << 10, part_size=1 << 20,
+                                            max_part_size=1 << 20, parts_in_flight=4,
+                                            parallel_parts_below_bytes_per_s=0)
+                self.assertEqual(got, [body])
+                self.assertEqual(fetch["parts"], 7)  # 8 requests of 1 MiB: the first and 7 parts
+                self.assertGreaterEqual(server_stats(base)["concurrent_max"], 2)
+                # parallel_parts=False: one request streams the whole object.
+                before = server_stats(base)["requests"]  # (/__stats itself is not counted)
+                got, fetch = self.fetch_one(base + "/big.bin", parallel_parts=False, part_size=1 << 20)
+                self.assertEqual(got, [body])
+                self.assertEqual(fetch["parts"], 0)
+                self.assertEqual(server_stats(base)["requests"] - before, 1)
+            finally:
+                srv.terminate()
+                srv.wait()
+                srv.stdout.close()
+        with self.assertRaisesRegex(TypeError, r"sluice.fetch\(\) has no option 'parts_in_fligth'"):
+            sluice.Pipeline(sluice.list("http://127.0.0.1:1/x") | sluice.plan() | sluice.fetch(parts_in_fligth=2)
+                            | sluice.raw() | sluice.batch(size=1))
+
+    def test_https_verifies_the_server_by_a_ca_file_or_not_at_all_if_insecure(self):
+        import http.server
+        import shutil
+        import ssl
+        if not shutil.which("openssl"):
+            self.skipTest("[test skipped] no openssl CLI to make a certificate")
+        with tempfile.TemporaryDirectory() as work:
+            key, cert = os.path.join(work, "key.pem"), os.path.join(work, "cert.pem")
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                            "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            with open(os.path.join(work, "obj.bin"), "wb") as f:
+                f.write(b"over TLS\n" * 1000)
+
+            class Quiet(http.server.SimpleHTTPRequestHandler):
+                def __init__(self, *a, **k):
+                    super().__init__(*a, directory=work, **k)
+
+                def log_message(self, *a):
+                    pass
+            srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(cert, key)
+            srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+            t = threading.Thread(target=srv.serve_forever, daemon=True)
+            t.start()
+            url = "https://127.0.0.1:%d/obj.bin" % srv.server_address[1]
+            try:
+                # A certificate no system CA signed: refused, with the URL and curl's reason.
+                with self.assertRaises(sluice.NetworkError) as e:
+                    self.fetch_one(url, retries=0)
+                self.assertIn(url, str(e.exception))
+                self.assertIn("certificate", str(e.exception).lower())
+                self.assertEqual(self.fetch_one(url, ca_file=cert)[0], [b"over TLS\n" * 1000])
+                self.assertEqual(self.fetch_one(url, insecure=True)[0], [b"over TLS\n" * 1000])
+            finally:
+                srv.shutdown()
+                srv.server_close()
+
+
 class ErrorKinds(unittest.TestCase):
     def fetch_all(self, url):
         chain = sluice.list(url) | sluice.plan() | sluice.fetch(retries=0) | sluice.raw() | sluice.batch(size=1)
