@@ -11,6 +11,7 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <condition_variable>
 #include <memory>
@@ -78,6 +79,18 @@ void order_opt(options& o, sluice::ordering& into) {
     if (!v) return;
     if (*v != "ordered" && *v != "unordered") throw py::value_error("order is 'ordered' or 'unordered', not '" + *v + "'");
     into = *v == "ordered" ? sluice::ordering::ordered : sluice::ordering::unordered;
+}
+
+/// A duration in seconds (a number, as Python's time functions take it): the C++ option's
+/// std::chrono type, rounded up to its unit (`stall` is whole seconds: 0.5 is 1).
+template <class Rep, class Period>
+void seconds_opt(options& o, const char* name, std::chrono::duration<Rep, Period>& into) {
+    std::optional<double> v;
+    o.get(name, v);
+    if (!v) return;
+    if (!std::isfinite(*v) || *v < 0 || *v > 1e9)
+        throw py::value_error(std::string(name) + " is seconds, 0 or more, not " + std::to_string(*v));
+    into = std::chrono::ceil<std::chrono::duration<Rep, Period>>(std::chrono::duration<double>(*v));
 }
 
 sluice::decode_options decode_opts(options& o) {
@@ -194,6 +207,10 @@ any_source append(sluice::source<T> s, const std::string& name, options& o, buil
             o.get("insecure", f.insecure);
             o.get("min_concurrency", f.min_concurrency);
             o.get("shared_limit", f.shared_limit);
+            seconds_opt(o, "backoff_base", f.backoff_base);
+            seconds_opt(o, "backoff_cap", f.backoff_cap);
+            seconds_opt(o, "stall", f.stall);
+            seconds_opt(o, "connect_timeout", f.connect_timeout);
             order_opt(o, f.order);
             o.done();
             return std::move(s) | sluice::fetch(f);

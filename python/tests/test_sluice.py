@@ -453,6 +453,29 @@ class FetchOptions(unittest.TestCase):
             sluice.Pipeline(sluice.list("http://127.0.0.1:1/x") | sluice.plan() | sluice.fetch(parts_in_fligth=2)
                             | sluice.raw() | sluice.batch(size=1))
 
+    def test_a_stalled_transfer_fails_after_the_stall_limit_in_seconds(self):
+        with tempfile.TemporaryDirectory() as www:
+            with open(os.path.join(www, "s.bin"), "wb") as f:
+                f.write(os.urandom(4 << 20))
+            srv, base = fault_server(www, "--pstall", "1", "--stall-s", "60")  # half of it, then 60 s of nothing
+            try:
+                t0 = time.monotonic()
+                with self.assertRaises(sluice.NetworkError) as e:
+                    self.fetch_one(base + "/s.bin", retries=1, backoff_base=0.001, backoff_cap=0.005, stall=1,
+                                   connect_timeout=5)
+                took = time.monotonic() - t0
+            finally:
+                srv.terminate()
+                srv.wait()
+                srv.stdout.close()
+        self.assertIn("Operation too slow", str(e.exception))
+        self.assertIn("after 2 attempts", str(e.exception))
+        self.assertIn(base + "/s.bin", str(e.exception))
+        self.assertLess(took, 30)  # a generous bound: each attempt is cut at about 1 s, not 60
+        with self.assertRaisesRegex(ValueError, "stall is seconds, 0 or more"):
+            sluice.Pipeline(sluice.list(base + "/s.bin") | sluice.plan() | sluice.fetch(stall=-1) | sluice.raw()
+                            | sluice.batch(size=1))
+
     def test_https_verifies_the_server_by_a_ca_file_or_not_at_all_if_insecure(self):
         import http.server
         import shutil
