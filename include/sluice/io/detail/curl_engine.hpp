@@ -329,12 +329,18 @@ private:
         lane(const lane&) = delete;
         lane& operator=(const lane&) = delete;
 
+        // Woken only by the command that finds the queue empty: one queued before it has
+        // woken the lane, or is about to, and the lane takes every queued command at once
+        // (curl_multi_wakeup is a send() on a socket pair; a fetch that adds 64 transfers
+        // or resumes several readers at a time made one each).
         void command(kind k, std::shared_ptr<http_transfer> t) {
+            bool first = false;
             {
                 std::lock_guard lock(m_);
+                first = cmds_.empty();
                 cmds_.push_back(cmd{k, std::move(t)});
             }
-            curl_multi_wakeup(multi_);
+            if (first) curl_multi_wakeup(multi_);
         }
 
         std::atomic<std::size_t> load{0};  // transfers added and not yet finished (for add's choice)
