@@ -233,9 +233,10 @@ open(sys.argv[1] + "/sizes", "w").write("%d\n" % sum(sizes))' "$www/w"
     # CPU of the five-pass runs less that of the one-pass runs, over the four passes' bytes.
     # What one pass costs beyond that is what a process pays once: its start (sluice-probe
     # loads OpenCV and the CUDA runtime for its image and device modes, about 15 ms more
-    # than curl) and the memory a pipeline holds, faulted in once (here 50-80 MB: a batch
-    # buffer or two of ~25 MB and the pool's chunks, which curl writing to /dev/null never
-    # needs). On a VM where first touch is dear (4 s/GiB) that is most of the difference.
+    # than curl) and the memory a pipeline holds, faulted in once (here 50-110 MB: a batch
+    # buffer or two with ~25 MB written in each, the pool's chunks and libcurl's receive
+    # buffers, which curl writing to /dev/null never needs). On a VM where first touch is
+    # dear (4 s/GiB) that is most of the difference.
     median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
     m1s=$(echo "$cpus1_raw" | median) m1c=$(echo "$cpus1_curl" | median) m5s=$(echo "$cpus5_raw" | median) m5c=$(echo "$cpus5_curl" | median)
     per_s=$(awk -v a="$m5s" -v b="$m1s" -v g="$wgb" 'BEGIN { printf "%.3f", (a - b) / (4 * g) }')

@@ -89,7 +89,7 @@ void seconds_opt(options& o, const char* name, std::chrono::duration<Rep, Period
     o.get(name, v);
     if (!v) return;
     if (!std::isfinite(*v) || *v < 0 || *v > 1e9)
-        throw py::value_error(std::string(name) + " is seconds, 0 or more, not " + std::to_string(*v));
+        throw py::value_error(std::string(name) + " is seconds, from 0 to 1e9, not " + std::to_string(*v));
     into = std::chrono::ceil<std::chrono::duration<Rep, Period>>(std::chrono::duration<double>(*v));
 }
 
