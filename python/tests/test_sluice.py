@@ -489,6 +489,40 @@ class FetchOptions(unittest.TestCase):
             sluice.Pipeline(sluice.list(base + "/s.bin") | sluice.plan() | sluice.fetch(stall=-1) | sluice.raw()
                             | sluice.batch(size=1))
 
+    def test_redirects_are_followed_up_to_max_redirects(self):
+        import http.server
+
+        class Hops(http.server.BaseHTTPRequestHandler):
+            # /hop/N answers 302 to /hop/N-1; /hop/0 answers the body.
+            def do_GET(self):
+                n = int(self.path.rsplit("/", 1)[1])
+                if n:
+                    self.send_response(302)
+                    self.send_header("Location", "/hop/%d" % (n - 1))
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", "5")
+                self.end_headers()
+                self.wfile.write(b"there")
+
+            def log_message(self, *a):
+                pass
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hops)
+        t = threading.Thread(target=srv.serve_forever, daemon=True)
+        t.start()
+        url = "http://127.0.0.1:%d/hop/3" % srv.server_address[1]
+        try:
+            self.assertEqual(self.fetch_one(url, max_redirects=3)[0], [b"there"])
+            with self.assertRaises(sluice.NetworkError) as e:
+                self.fetch_one(url, max_redirects=2, retries=0)
+        finally:
+            srv.shutdown()
+            srv.server_close()
+        self.assertIn(url, str(e.exception))
+        self.assertIn("Maximum (2) redirects followed", str(e.exception))
+
     def test_https_verifies_the_server_by_a_ca_file_or_not_at_all_if_insecure(self):
         import http.server
         import shutil
