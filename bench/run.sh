@@ -239,10 +239,11 @@ open(sys.argv[1] + "/sizes", "w").write("%d\n" % sum(sizes))' "$www/w"
     # dear (4 s/GiB) that is most of the difference.
     median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
     m1s=$(echo "$cpus1_raw" | median) m1c=$(echo "$cpus1_curl" | median) m5s=$(echo "$cpus5_raw" | median) m5c=$(echo "$cpus5_curl" | median)
-    per_s=$(awk -v a="$m5s" -v b="$m1s" -v g="$wgb" 'BEGIN { printf "%.3f", (a - b) / (4 * g) }')
-    per_c=$(awk -v a="$m5c" -v b="$m1c" -v g="$wgb" 'BEGIN { printf "%.3f", (a - b) / (4 * g) }')
-    fixed_s=$(awk -v m="$m1s" -v p="$per_s" -v g="$wgb" 'BEGIN { printf "%.3f", m - p * g }')
-    fixed_c=$(awk -v m="$m1c" -v p="$per_c" -v g="$wgb" 'BEGIN { printf "%.3f", m - p * g }')
+    per_gb_and_fixed() {  # one pass's CPU, five passes' CPU: "per-GB fixed"
+      awk -v a="$2" -v b="$1" -v g="$wgb" 'BEGIN { p = (a - b) / (4 * g); printf "%.3f %.3f\n", p, b - p * g }'
+    }
+    read -r per_s fixed_s < <(per_gb_and_fixed "$m1s" "$m5s")
+    read -r per_c fixed_c < <(per_gb_and_fixed "$m1c" "$m5c")
     echo "{\"bench\":\"http_whole_objects_cpu_per_gb\",\"sluice_cpu_s_per_gb\":$per_s,\"curl_cpu_s_per_gb\":$per_c,\"ratio\":$(ratio "$per_s" "$per_c"),\"sluice_fixed_cpu_s\":$fixed_s,\"curl_fixed_cpu_s\":$fixed_c}"
     echo "http whole objects, CPU per GB less each process's fixed cost (medians: 5 passes less 1, over 4 passes' bytes): sluice $per_s s/GB, curl $per_c s/GB, ratio $(ratio "$per_s" "$per_c") (goal <= 1); once per process: sluice $fixed_s s, curl $fixed_c s" >&2
     # Through the fault server with a 50 ms first byte: against 64 / 50 ms.

@@ -81,16 +81,22 @@ void order_opt(options& o, sluice::ordering& into) {
     into = *v == "ordered" ? sluice::ordering::ordered : sluice::ordering::unordered;
 }
 
-/// A duration in seconds (a number, as Python's time functions take it): the C++ option's
-/// std::chrono type, rounded up to its unit (`stall` is whole seconds: 0.5 is 1).
+/// `v` seconds (a number, as Python's time functions take them) as the C++ option `name`'s
+/// std::chrono type D: rounded to D's unit, and at least one unit where above 0 (`stall`
+/// is whole seconds: 0.4 is 1 s, not 0, which is no limit).
+template <class D>
+D seconds_as(const std::string& name, double v) {
+    if (!std::isfinite(v) || v < 0 || v > 1e9)
+        throw py::value_error(name + " is seconds, from 0 to 1e9, not " + std::to_string(v));
+    const D d = std::chrono::round<D>(std::chrono::duration<double>(v));
+    return v > 0 && d == D::zero() ? D(1) : d;
+}
+/// The option `name` in seconds, where given (seconds_as).
 template <class Rep, class Period>
 void seconds_opt(options& o, const char* name, std::chrono::duration<Rep, Period>& into) {
     std::optional<double> v;
     o.get(name, v);
-    if (!v) return;
-    if (!std::isfinite(*v) || *v < 0 || *v > 1e9)
-        throw py::value_error(std::string(name) + " is seconds, from 0 to 1e9, not " + std::to_string(*v));
-    into = std::chrono::ceil<std::chrono::duration<Rep, Period>>(std::chrono::duration<double>(*v));
+    if (v) into = seconds_as<std::chrono::duration<Rep, Period>>(name, *v);
 }
 
 sluice::decode_options decode_opts(options& o) {
@@ -439,7 +445,7 @@ public:
             if (key == "file") po.metrics.file = py::cast<std::string>(v);
             else if (key == "port") po.metrics.port = py::cast<int>(v);
             else if (key == "interval")
-                po.metrics.interval = std::chrono::milliseconds(static_cast<long>(py::cast<double>(v) * 1000));
+                po.metrics.interval = seconds_as<decltype(po.metrics.interval)>("metrics' interval", py::cast<double>(v));
             else throw py::type_error("metrics takes file, port and interval, not '" + key + "'");
         }
         std::visit(

@@ -2,6 +2,7 @@
 PYTHONPATH at the build's python/ folder. SLUICE_GEN names sluice-gen (the test data).
 Needs numpy; a test that needs what the machine lacks (python3-torch, s3rver) reports
 itself skipped (unittest's skipTest: "OK (skipped=N)"), never passed."""
+import contextlib
 import os
 import signal
 import socket
@@ -368,29 +369,46 @@ class S3(unittest.TestCase):
 
 class SharedLimit(unittest.TestCase):
     def test_fetch_shares_its_request_limit_through_a_directory(self):
-        import functools
-        import http.server
         with tempfile.TemporaryDirectory() as www, tempfile.TemporaryDirectory() as node:
             for i in range(20):
                 with open(os.path.join(www, "obj-%02d.bin" % i), "wb") as f:
                     f.write(bytes([i]) * (1000 + i))
-            class Quiet(http.server.SimpleHTTPRequestHandler):
-                def log_message(self, *a):
-                    pass
-            srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=www))
-            t = threading.Thread(target=srv.serve_forever, daemon=True)
-            t.start()
-            try:
-                url = "http://127.0.0.1:%d/obj-{00..19}.bin" % srv.server_address[1]
-                chain = (sluice.list(url) | sluice.plan()
+            with serving(quiet_files(www)) as base:
+                chain = (sluice.list(base + "/obj-{00..19}.bin") | sluice.plan()
                          | sluice.fetch(concurrency=4, min_concurrency=2, shared_limit=node)
                          | sluice.raw() | sluice.batch(size=1))
                 sizes = sorted(len(b.record(0)) for b in sluice.Pipeline(chain))
-            finally:
-                srv.shutdown()
-                srv.server_close()
             self.assertEqual(sizes, [1000 + i for i in range(20)])
             self.assertTrue(os.path.exists(os.path.join(node, ".sluice-requests")))
+
+
+@contextlib.contextmanager
+def serving(handler, tls=None):
+    """An http.server of the test's own on a free loopback port, on a thread of its own:
+    yields its base URL (https:// with `tls`, an ssl.SSLContext); shut down on leaving."""
+    import http.server
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    if tls:
+        srv.socket = tls.wrap_socket(srv.socket, server_side=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield "%s://127.0.0.1:%d" % ("https" if tls else "http", srv.server_address[1])
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def quiet_files(directory):
+    """A handler that serves `directory`'s files and logs nothing."""
+    import http.server
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a, **k):
+            super().__init__(*a, directory=directory, **k)
+
+        def log_message(self, *a):
+            pass
+    return Quiet
 
 
 def fault_server(root, *flags):
@@ -509,22 +527,15 @@ class FetchOptions(unittest.TestCase):
 
             def log_message(self, *a):
                 pass
-        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hops)
-        t = threading.Thread(target=srv.serve_forever, daemon=True)
-        t.start()
-        url = "http://127.0.0.1:%d/hop/3" % srv.server_address[1]
-        try:
+        with serving(Hops) as base:
+            url = base + "/hop/3"
             self.assertEqual(self.fetch_one(url, max_redirects=3)[0], [b"there"])
             with self.assertRaises(sluice.NetworkError) as e:
                 self.fetch_one(url, max_redirects=2, retries=0)
-        finally:
-            srv.shutdown()
-            srv.server_close()
         self.assertIn(url, str(e.exception))
         self.assertIn("Maximum (2) redirects followed", str(e.exception))
 
     def test_https_verifies_the_server_by_a_ca_file_or_not_at_all_if_insecure(self):
-        import http.server
         import shutil
         import ssl
         if not shutil.which("openssl"):
@@ -537,20 +548,10 @@ class FetchOptions(unittest.TestCase):
             with open(os.path.join(work, "obj.bin"), "wb") as f:
                 f.write(b"over TLS\n" * 1000)
 
-            class Quiet(http.server.SimpleHTTPRequestHandler):
-                def __init__(self, *a, **k):
-                    super().__init__(*a, directory=work, **k)
-
-                def log_message(self, *a):
-                    pass
-            srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             ctx.load_cert_chain(cert, key)
-            srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
-            t = threading.Thread(target=srv.serve_forever, daemon=True)
-            t.start()
-            url = "https://127.0.0.1:%d/obj.bin" % srv.server_address[1]
-            try:
+            with serving(quiet_files(work), tls=ctx) as base:
+                url = base + "/obj.bin"
                 # A certificate no system CA signed: refused, with the URL and curl's reason.
                 with self.assertRaises(sluice.NetworkError) as e:
                     self.fetch_one(url, retries=0)
@@ -558,9 +559,6 @@ class FetchOptions(unittest.TestCase):
                 self.assertIn("certificate", str(e.exception).lower())
                 self.assertEqual(self.fetch_one(url, ca_file=cert)[0], [b"over TLS\n" * 1000])
                 self.assertEqual(self.fetch_one(url, insecure=True)[0], [b"over TLS\n" * 1000])
-            finally:
-                srv.shutdown()
-                srv.server_close()
 
 
 class ErrorKinds(unittest.TestCase):
@@ -569,18 +567,10 @@ class ErrorKinds(unittest.TestCase):
         return list(sluice.Pipeline(chain))
 
     def test_an_http_status_is_an_http_error_naming_the_url_and_status(self):
-        import http.server
-        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
-        srv.RequestHandlerClass.log_message = lambda *a: None
-        t = threading.Thread(target=srv.serve_forever, daemon=True)
-        t.start()
-        try:
-            url = "http://127.0.0.1:%d/not-here.tar" % srv.server_address[1]
+        with tempfile.TemporaryDirectory() as www, serving(quiet_files(www)) as base:
+            url = base + "/not-here.tar"
             with self.assertRaises(sluice.HTTPError) as e:
                 self.fetch_all(url)
-        finally:
-            srv.shutdown()
-            srv.server_close()
         self.assertIsInstance(e.exception, sluice.SourceError)
         self.assertEqual(e.exception.code, 404)
         self.assertEqual(e.exception.category, "http")
