@@ -63,12 +63,10 @@ struct fetch_options {
     unsigned retries = 8;
     std::chrono::milliseconds backoff_base{100};
     std::chrono::milliseconds backoff_cap{5000};
-    /// No byte for this long: the transfer fails (and is retried). A body the fetch
-    /// receives itself (see detail::curl_engine: a large one over plain HTTP) is timed
-    /// from its last byte. Any other is timed by libcurl's low-speed check, whose rate is
-    /// an average over its last seconds: after a burst, a stall is noticed some seconds
-    /// late (`stall` of 1 s, half of a body then nothing from the fault server: 4.5 s an
-    /// attempt for 4 MiB, 7 s for 16 MiB with SLUICE_HTTP_DIRECT=0, 2 s received directly).
+    /// No byte for this long, from the request on: the transfer fails (and is retried).
+    /// Timed from the last byte (header or body) that came, found within half a second
+    /// after the limit; a transfer held for a slow reader is not timed. 0: no limit.
+    /// Connecting is timed by `connect_timeout`.
     std::chrono::seconds stall{30};
     std::chrono::milliseconds connect_timeout{10000};
     long max_redirects = 5;

@@ -149,7 +149,14 @@ struct http_transfer {
     int fd = -1;                   // the lane receives the body from it itself (is_direct)
     std::uint64_t left = 0;        // body bytes still to come, when direct
     curl_off_t curl_seen = 0;      // the body bytes libcurl had counted when the lane took it over
-    std::chrono::steady_clock::time_point last_byte;  // for the stall limit, when direct
+    // The stall limit, on the lane's clock (see lane::sweep_stalls): timed from the request
+    // on (`clocked`), from the last byte, header or body, that came; a transfer held for
+    // its reader is not timed. libcurl's callbacks count `activity`; the lane's sweep
+    // notes when it moved, so the callbacks read no clock.
+    std::chrono::steady_clock::time_point last_byte;
+    std::uint64_t activity = 0;       // header lines and body pieces libcurl handed over
+    std::uint64_t activity_seen = 0;  // `activity` at the sweep that set last_byte
+    bool clocked = false;             // its request is on its way: the stall limit runs
 
     bool is_direct() const { return fd >= 0; }
 
@@ -374,13 +381,16 @@ private:
                 }
                 take_over();
                 receive_direct();
+                sweep_stalls();
                 post_wakes();
                 waits_.clear();
                 for (auto& d : direct_) {
                     std::lock_guard lock(d->m);
                     if (!d->paused) waits_.push_back(curl_waitfd{d->fd, CURL_WAIT_POLLIN, 0});
                 }
-                curl_multi_poll(multi_, waits_.data(), static_cast<unsigned>(waits_.size()), 1000, nullptr);
+                // With transfers to time, the lane looks at them at least every sweep.
+                const int wait_ms = live_.empty() ? 1000 : static_cast<int>(stall_sweep.count());
+                curl_multi_poll(multi_, waits_.data(), static_cast<unsigned>(waits_.size()), wait_ms, nullptr);
             }
         }
 
@@ -541,6 +551,53 @@ private:
             return false;
         }
 
+        // The stall limit of the transfers libcurl receives, on the lane's own clock: one
+        // that had no byte, header or body, for `stall_seconds` since its request went out
+        // (or since its reader let it go on) fails as libcurl's low-speed check fails it,
+        // and is retried as that is. libcurl's check stays set, but it averages the rate
+        // over its last seconds: after a burst it noticed a stall of 1 s 4.5-7 s late
+        // (bench/RESULTS.md, issue 17). Each sweep, every `stall_sweep`, notes which
+        // transfers moved since the last: a stall is found stall_seconds to that plus two
+        // sweeps after the last byte. Bodies received directly are timed in pull.
+        static constexpr std::chrono::milliseconds stall_sweep{250};
+        void sweep_stalls() {
+            const auto now = std::chrono::steady_clock::now();
+            if (now - last_sweep_ < stall_sweep) return;
+            last_sweep_ = now;
+            for (auto it = live_.begin(); it != live_.end();) {
+                http_transfer& t = *it->second;
+                if (!t.clocked || t.is_direct() || t.req.stall_seconds <= 0) {
+                    ++it;
+                    continue;
+                }
+                if (t.activity != t.activity_seen) {
+                    t.activity_seen = t.activity;
+                    t.last_byte = now;
+                    ++it;
+                    continue;
+                }
+                if (now - t.last_byte < std::chrono::seconds(t.req.stall_seconds)) {
+                    ++it;
+                    continue;
+                }
+                {
+                    std::lock_guard lock(t.m);
+                    if (t.paused) {  // held for its reader, not stalled
+                        t.last_byte = now;
+                        ++it;
+                        continue;
+                    }
+                }
+                std::snprintf(t.errbuf, sizeof t.errbuf,
+                              "Operation too slow. Less than 1 bytes/sec transferred the last %ld seconds",
+                              t.req.stall_seconds);
+                const auto keep = it->second;  // live_ held it
+                it = live_.erase(it);
+                curl_multi_remove_handle(multi_, keep->easy);  // closes its connection
+                done(*keep, CURLE_OPERATION_TIMEDOUT);
+            }
+        }
+
         bool end_direct(http_transfer& t, CURLcode result) {
             live_.erase(t.easy);
             curl_multi_remove_handle(multi_, t.easy);  // closes the connection: libcurl did not see its end
@@ -575,10 +632,10 @@ private:
                     unpause = t.paused && !t.done;
                     if (unpause) t.paused = false;
                 }
-                // A direct transfer's socket is read again in the next round, its stall
-                // clock started afresh: the hold ended now, not at the last round (up to
-                // the poll's second ago) that saw it held.
-                if (unpause && t.is_direct()) t.last_byte = std::chrono::steady_clock::now();
+                // Its stall clock starts afresh: the hold ended now, not at the last round
+                // or sweep that saw it held (a direct transfer's socket is read again in
+                // the next round).
+                if (unpause) t.last_byte = std::chrono::steady_clock::now();
                 if (unpause && t.easy && !t.is_direct()) {
                     t.in_unpause = true;
                     curl_easy_pause(t.easy, CURLPAUSE_CONT);  // may write at once
@@ -603,6 +660,7 @@ private:
         socket_list sockets_;  // before multi_'s cleanup in ~lane closes them
         std::vector<std::shared_ptr<http_transfer>> direct_;  // received by this thread, in order taken
         std::vector<curl_waitfd> waits_;
+        std::chrono::steady_clock::time_point last_sweep_{};
         std::thread thread_;
         std::atomic<bool> stop_{false};
         std::mutex m_;
@@ -646,6 +704,13 @@ private:
         curl_easy_setopt(e, CURLOPT_WRITEDATA, &t);
         curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, &on_header);
         curl_easy_setopt(e, CURLOPT_HEADERDATA, &t);
+#if LIBCURL_VERSION_NUM >= 0x075000  // 7.80: called as each request (a redirect's too) goes out
+        curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, &on_request);
+        curl_easy_setopt(e, CURLOPT_PREREQDATA, &t);
+#else
+        t.clocked = true;  // timed from its start, the connection's set-up included
+        ++t.activity;      // (the first sweep to see it starts its clock)
+#endif
         curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, &open_socket);
         curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, &sockets);
         curl_easy_setopt(e, CURLOPT_CLOSESOCKETFUNCTION, &close_socket);
@@ -767,8 +832,18 @@ private:
         return true;
     }
 
+    // The connection is up and the request about to go: the stall limit runs from here
+    // (connecting is connect_timeout's).
+    static int on_request(void* ud, char*, char*, int, int) {
+        auto& t = *static_cast<http_transfer*>(ud);
+        t.clocked = true;
+        ++t.activity;
+        return CURL_PREREQFUNC_OK;
+    }
+
     static std::size_t on_header(char* p, std::size_t size, std::size_t n, void* ud) {
         auto& t = *static_cast<http_transfer*>(ud);
+        ++t.activity;
         const std::size_t len = size * n;
         std::string_view line(p, len);
         if (line.starts_with("HTTP/")) {  // a new response (after a redirect or 100): forget the last
@@ -807,6 +882,7 @@ private:
     static constexpr std::size_t streamed_chunk_bytes = std::size_t{1} << 20;
     static std::size_t on_write(char* p, std::size_t size, std::size_t n, void* ud) {
         auto& t = *static_cast<http_transfer*>(ud);
+        ++t.activity;
         std::size_t len = size * n;
         if (!t.status_known) {
             curl_easy_getinfo(t.easy, CURLINFO_RESPONSE_CODE, &t.status);
