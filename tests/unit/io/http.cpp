@@ -400,7 +400,7 @@ namespace {
 std::shared_ptr<sluice::detail::curl_engine> copying_engine() {
     sluice_test::scoped_env env{{{"SLUICE_HTTP_DIRECT", "0"}}};
     auto eng = sluice::detail::curl_engine::shared();
-    REQUIRE(eng->direct_threshold() == 0);
+    REQUIRE(eng.use_count() == 1);  // started here, with direct receive off
     return eng;
 }
 }  // namespace
@@ -439,11 +439,55 @@ TEST_CASE("fetch: a body libcurl receives is timed from its last byte, not by li
                                   faults.url("s.bin") + "'"));
         REQUIRE(got == body.substr(0, got.size()));  // what came, came once and in order
         REQUIRE(eng->direct() == direct_before);     // libcurl received it
-        // Two attempts of 1 s each, found by a sweep every 250 ms or less: about 2-3 s.
+        // Two attempts of 1 s each, found by a sweep every 250 ms: about 2.5-3 s.
         // libcurl's own check took 9 s or more for the half body. Generous for a loaded
         // machine and the sanitizers, and still below what libcurl's clock gives.
         REQUIRE(took < 7.0);
     }
+}
+
+TEST_CASE("fetch: connecting after a redirect is timed by connect_timeout, not by the stall limit", "[http][errors]") {
+    // A listener whose backlog is full: the kernel drops further SYNs, so a connection to
+    // it hangs in its making (curl: "Failed to connect ... Timeout was reached").
+    const int hole = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(hole >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    REQUIRE(::bind(hole, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(hole, 0) == 0);
+    REQUIRE(::getsockname(hole, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    std::vector<int> fillers;
+    for (int i = 0; i < 3; ++i) {
+        const int c = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        REQUIRE(c >= 0);
+        (void)::connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a);  // in progress or made
+        fillers.push_back(c);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const std::string target = "http://127.0.0.1:" + std::to_string(ntohs(a.sin_port)) + "/x.bin";
+    sluice_test::temp_dir www;
+    sluice_test::nginx_server nginx(www.path().string(), false, "    location = /away.bin { return 302 " + target + "; }\n");
+    sluice::pipeline p(sluice::list(nginx.url("away.bin")) | sluice::plan() |
+                       sluice::fetch({.retries = 0,
+                                      .stall = std::chrono::seconds(1),
+                                      .connect_timeout = std::chrono::milliseconds(2500)}));
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string error;
+    try {
+        while (p.next_blocking()) {
+        }
+    } catch (const sluice::source_error& e) {
+        error = e.what();
+    }
+    const auto took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (const int c : fillers) ::close(c);
+    ::close(hole);
+    INFO(error << " (" << took << " s)");
+    REQUIRE(error.starts_with("sluice: cannot fetch (Timeout was reached (Failed to connect to 127.0.0.1 port"));
+    REQUIRE(error.find("Operation too slow") == std::string::npos);
+    REQUIRE(took >= 2.0);  // connect_timeout's 2.5 s, not the stall's 1
 }
 
 TEST_CASE("fetch: a body libcurl receives waits for a slow reader, beyond the stall limit, and arrives whole", "[http][memory]") {

@@ -62,6 +62,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <atomic>
 #include <cassert>
 #include <cctype>
@@ -381,15 +382,15 @@ private:
                 }
                 take_over();
                 receive_direct();
-                sweep_stalls();
+                const int until_sweep = sweep_stalls();
                 post_wakes();
                 waits_.clear();
                 for (auto& d : direct_) {
                     std::lock_guard lock(d->m);
                     if (!d->paused) waits_.push_back(curl_waitfd{d->fd, CURL_WAIT_POLLIN, 0});
                 }
-                // With transfers to time, the lane looks at them at least every sweep.
-                const int wait_ms = live_.empty() ? 1000 : static_cast<int>(stall_sweep.count());
+                // With transfers to time, the lane wakes for the next sweep.
+                const int wait_ms = live_.empty() ? 1000 : until_sweep;
                 curl_multi_poll(multi_, waits_.data(), static_cast<unsigned>(waits_.size()), wait_ms, nullptr);
             }
         }
@@ -558,11 +559,14 @@ private:
         // over its last seconds: after a burst it noticed a stall of 1 s 4.5-7 s late
         // (bench/RESULTS.md, issue 17). Each sweep, every `stall_sweep`, notes which
         // transfers moved since the last: a stall is found stall_seconds to that plus two
-        // sweeps after the last byte. Bodies received directly are timed in pull.
+        // sweeps after the last byte. Bodies received directly are timed in pull. Returns
+        // the milliseconds to the next sweep (at least 1), for the lane's poll.
         static constexpr std::chrono::milliseconds stall_sweep{250};
-        void sweep_stalls() {
+        int sweep_stalls() {
             const auto now = std::chrono::steady_clock::now();
-            if (now - last_sweep_ < stall_sweep) return;
+            if (const auto since = now - last_sweep_; since < stall_sweep)
+                return static_cast<int>(
+                    std::max<std::int64_t>(1, std::chrono::ceil<std::chrono::milliseconds>(stall_sweep - since).count()));
             last_sweep_ = now;
             for (auto it = live_.begin(); it != live_.end();) {
                 http_transfer& t = *it->second;
@@ -596,6 +600,7 @@ private:
                 curl_multi_remove_handle(multi_, keep->easy);  // closes its connection
                 done(*keep, CURLE_OPERATION_TIMEDOUT);
             }
+            return static_cast<int>(stall_sweep.count());
         }
 
         bool end_direct(http_transfer& t, CURLcode result) {
@@ -704,13 +709,17 @@ private:
         curl_easy_setopt(e, CURLOPT_WRITEDATA, &t);
         curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, &on_header);
         curl_easy_setopt(e, CURLOPT_HEADERDATA, &t);
-#if LIBCURL_VERSION_NUM >= 0x075000  // 7.80: called as each request (a redirect's too) goes out
-        curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, &on_request);
+        // The stall limit's clock: stopped while a connection is made (a redirect's, or a
+        // new one for a kept-alive connection that turned out dead), started again as
+        // each request goes out. A libcurl without CURLOPT_PREREQFUNCTION (before 7.80,
+        // at run time) leaves the clock running from the start.
+        curl_easy_setopt(e, CURLOPT_SOCKOPTFUNCTION, &on_socket);
+        curl_easy_setopt(e, CURLOPT_SOCKOPTDATA, &t);
         curl_easy_setopt(e, CURLOPT_PREREQDATA, &t);
-#else
-        t.clocked = true;  // timed from its start, the connection's set-up included
-        ++t.activity;      // (the first sweep to see it starts its clock)
-#endif
+        if (curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, &on_request) != CURLE_OK) {
+            t.clocked = true;
+            ++t.activity;  // (the first sweep to see it starts its clock)
+        }
         curl_easy_setopt(e, CURLOPT_OPENSOCKETFUNCTION, &open_socket);
         curl_easy_setopt(e, CURLOPT_OPENSOCKETDATA, &sockets);
         curl_easy_setopt(e, CURLOPT_CLOSESOCKETFUNCTION, &close_socket);
@@ -840,13 +849,25 @@ private:
         ++t.activity;
         return CURL_PREREQFUNC_OK;
     }
+    // A connection is being made for the transfer: connect_timeout's, not the stall's.
+    static int on_socket(void* ud, curl_socket_t, curlsocktype) {
+        static_cast<http_transfer*>(ud)->clocked = false;
+        return CURL_SOCKOPT_OK;
+    }
 
     static std::size_t on_header(char* p, std::size_t size, std::size_t n, void* ud) {
         auto& t = *static_cast<http_transfer*>(ud);
         ++t.activity;
         const std::size_t len = size * n;
         std::string_view line(p, len);
-        if (line.starts_with("HTTP/")) {  // a new response (after a redirect or 100): forget the last
+        if (line == "\r\n" || line == "\n") {  // a response's headers end
+            // A redirect: libcurl skips its body without handing it over, and may look up
+            // and connect to another host before the next request. Its clock stops until
+            // that request goes out (libcurl's own low-speed check still times the body).
+            long code = 0;
+            curl_easy_getinfo(t.easy, CURLINFO_RESPONSE_CODE, &code);
+            if (code >= 300 && code < 400) t.clocked = false;
+        } else if (line.starts_with("HTTP/")) {  // a new response (after a redirect or 100): forget the last
             t.etag.clear();
             t.received = 0;
             t.total = http_request::npos;
