@@ -47,7 +47,9 @@ constexpr const char* type_name() {
 /// not know is an error (a typo must not pass silently).
 class options {
 public:
-    options(std::string stage, py::dict d) : stage_(std::move(stage)), d_(std::move(d)) {}
+    /// `part`: the option of the stage these are the fields of (fetch's "cache"), if any.
+    options(std::string stage, py::dict d, std::string part = {})
+        : stage_(std::move(stage)), part_(std::move(part)), d_(std::move(d)) {}
     template <class T>
     void get(const char* name, T& into) {
         used_.push_back(name);
@@ -62,12 +64,14 @@ public:
         for (auto item : d_) {
             const auto k = item.first.cast<std::string>();
             if (std::find(used_.begin(), used_.end(), k) == used_.end())
-                throw py::type_error("sluice." + stage_ + "() has no option '" + k + "'");
+                throw py::type_error("sluice." + stage_ + "()" + (part_.empty() ? "" : "'s " + part_) +
+                                     " has no option '" + k + "'");
         }
     }
 
 private:
     std::string stage_;
+    std::string part_;
     py::dict d_;
     std::vector<std::string> used_;
 };
@@ -97,6 +101,25 @@ void seconds_opt(options& o, const char* name, std::chrono::duration<Rep, Period
     std::optional<double> v;
     o.get(name, v);
     if (v) into = seconds_as<std::chrono::duration<Rep, Period>>(name, *v);
+}
+
+/// fetch(cache={...}): sluice::cache_options by the C++ names, its durations in seconds.
+/// Warnings (a copy that could not be written) go to stderr, as the C++ default has it.
+sluice::cache_options cache_opts(const py::object& v) {
+    if (!py::isinstance<py::dict>(v))
+        throw py::type_error("sluice.fetch()'s cache is a dict of cache_options by name, e.g. {'dir': '/nvme/cache', "
+                             "'max_bytes': 500 << 30}, not " +
+                             py::str(v.get_type().attr("__name__")).cast<std::string>());
+    options o("fetch", py::reinterpret_borrow<py::dict>(v), "cache");
+    sluice::cache_options c;
+    o.get("dir", c.dir);
+    o.get("max_bytes", c.max_bytes);
+    o.get("chunk_size", c.chunk_size);
+    o.get("map", c.map);
+    seconds_opt(o, "stale_after", c.stale_after);
+    seconds_opt(o, "rescan_after", c.rescan_after);
+    o.done();
+    return c;
 }
 
 sluice::decode_options decode_opts(options& o) {
@@ -217,6 +240,9 @@ any_source append(sluice::source<T> s, const std::string& name, options& o, buil
             seconds_opt(o, "backoff_cap", f.backoff_cap);
             seconds_opt(o, "stall", f.stall);
             seconds_opt(o, "connect_timeout", f.connect_timeout);
+            py::object cache = py::none();
+            o.get("cache", cache);
+            if (!cache.is_none()) f.cache = cache_opts(cache);
             order_opt(o, f.order);
             o.done();
             return std::move(s) | sluice::fetch(f);

@@ -482,6 +482,52 @@ class FetchOptions(unittest.TestCase):
             sluice.Pipeline(sluice.list("http://127.0.0.1:1/x") | sluice.plan() | sluice.fetch(parts_in_fligth=2)
                             | sluice.raw() | sluice.batch(size=1))
 
+    def test_a_cache_directory_serves_later_passes_and_keeps_to_its_bytes(self):
+        bodies = [os.urandom(100_000 + i) for i in range(5)]
+        with tempfile.TemporaryDirectory() as www, tempfile.TemporaryDirectory() as cached:
+            for i, body in enumerate(bodies):
+                with open(os.path.join(www, "o%d.bin" % i), "wb") as f:
+                    f.write(body)
+            srv, base = fault_server(www)
+
+            def one_pass(**cache):
+                before = server_stats(base)["requests"]
+                p = sluice.Pipeline(sluice.list(base + "/o{0..4}.bin") | sluice.plan()
+                                    | sluice.fetch(cache=dict(stale_after=600, rescan_after=0.5, **cache))
+                                    | sluice.raw() | sluice.batch(size=1))
+                got = sorted(b.record(0) for b in p)
+                self.assertEqual(got, sorted(bodies))
+                fetch = [s for s in p.figures()["stages"] if s["name"] == "fetch"][0]
+                return server_stats(base)["requests"] - before, fetch
+
+            def copies(d):
+                return [n for n in os.listdir(d) if not n.startswith(".")]
+            try:
+                # The first pass fetches and keeps a copy of each; the second reads them.
+                requests, fetch = one_pass(dir=cached)
+                self.assertEqual((requests, fetch["cache_misses"]), (5, 5))
+                self.assertEqual(len(copies(cached)), 5)
+                requests, fetch = one_pass(dir=cached)
+                self.assertEqual((requests, fetch["cache_hits"]), (0, 5))
+                # max_bytes below every object: none is copied, every pass asks the server.
+                with tempfile.TemporaryDirectory() as small:
+                    for _ in range(2):
+                        requests, fetch = one_pass(dir=small, max_bytes=50_000, chunk_size=1 << 16, map=False)
+                        self.assertEqual(requests, 5)
+                        self.assertEqual(copies(small), [])
+            finally:
+                srv.terminate()
+                srv.wait()
+                srv.stdout.close()
+        chain = sluice.list("http://127.0.0.1:1/x") | sluice.plan()
+        with self.assertRaisesRegex(TypeError, r"sluice.fetch\(\)'s cache has no option 'max_byte'"):
+            sluice.Pipeline(chain | sluice.fetch(cache={"dir": "c", "max_byte": 1}) | sluice.raw() | sluice.batch(size=1))
+        with self.assertRaisesRegex(TypeError, r"sluice.fetch\(\)'s cache is a dict of cache_options by name"):
+            sluice.Pipeline(chain | sluice.fetch(cache="c") | sluice.raw() | sluice.batch(size=1))
+        with self.assertRaisesRegex(ValueError, "stale_after is seconds, from 0 to 1e9"):
+            sluice.Pipeline(chain | sluice.fetch(cache={"dir": "c", "stale_after": -1}) | sluice.raw()
+                            | sluice.batch(size=1))
+
     def test_a_stalled_transfer_fails_after_the_stall_limit_in_seconds(self):
         with tempfile.TemporaryDirectory() as www:
             with open(os.path.join(www, "s.bin"), "wb") as f:
