@@ -9,8 +9,11 @@ cd "$(dirname "$0")/.."
 scripts/deps.sh --bench
 build=build-release
 cmake --preset release >/dev/null
-cmake --build --preset release -j"$(nproc)" --target channel_hop crc32c_bench device_copy sluice-probe sluice-gen >/dev/null
+cmake --build --preset release -j"$(nproc)" --target channel_hop crc32c_bench device_copy sluice-probe sluice-probe-io sluice-gen >/dev/null
 probe=$build/examples/sluice-probe
+# The HTTP and S3 rows: the probe linked as a network pipeline is, without OpenCV and the
+# CUDA runtime (bench/CMakeLists.txt, sluice-probe-io); the full probe's CPU is printed too.
+probe_io=$build/bench/sluice-probe-io
 field() { grep -o "\"$1\": *[^,}]*" | head -1 | cut -d: -f2 | tr -d '" '; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
 now() { date +%s.%N; }
@@ -160,7 +163,7 @@ for w in "${what[@]}"; do
       read -r s c < <(wall_cpu curl -s -o /dev/null "$base/big.bin")
       g=$(awk -v s="$s" 'BEGIN { printf "%.3f", 1073741824 / s / 1e9 }')
       if awk -v x="$g" -v y="$best_curl" 'BEGIN { exit !(x > y) }'; then best_curl=$g; cpu_curl=$c; fi
-      read -r s c < <(wall_cpu "$probe" --format chunks --json --quiet "$base/big.bin")
+      read -r s c < <(wall_cpu "$probe_io" --format chunks --json --quiet "$base/big.bin")
       g=$(awk -v s="$s" 'BEGIN { printf "%.3f", 1073741824 / s / 1e9 }')
       if awk -v x="$g" -v y="$best_sluice" 'BEGIN { exit !(x > y) }'; then best_sluice=$g; cpu_sluice=$c; fi
     done
@@ -173,7 +176,7 @@ for w in "${what[@]}"; do
       read -r s c < <(wall_cpu curl_null -s --parallel --parallel-max 64 "$base/o/shard-[000000-001999].tar")
       r=$(awk -v s="$s" -v n=$n 'BEGIN { printf "%.1f", n / s }')
       if awk -v x="$r" -v y="$best_curl" 'BEGIN { exit !(x > y) }'; then best_curl=$r; cpu_curl=$c; fi
-      read -r s c < <(wall_cpu "$probe" --format tar --batch 256 --no-crc --json --quiet --in-flight 64 "$base/o/shard-{000000..001999}.tar")
+      read -r s c < <(wall_cpu "$probe_io" --format tar --batch 256 --no-crc --json --quiet --in-flight 64 "$base/o/shard-{000000..001999}.tar")
       [ "$(field records < "$ngx/out")" = $n ] || { echo "http: record count mismatch" >&2; cat "$ngx/out" >&2; exit 1; }
       r=$(awk -v s="$s" -v n=$n 'BEGIN { printf "%.1f", n / s }')
       if awk -v x="$r" -v y="$best_sluice" 'BEGIN { exit !(x > y) }'; then best_sluice=$r; cpu_sluice=$c; fi
@@ -193,21 +196,23 @@ for i in range(2000):
 open(sys.argv[1] + "/sizes", "w").write("%d\n" % sum(sizes))' "$www/w"
     fi
     wbytes=$(cat "$www/w/sizes"); wgb=$(awk -v b="$wbytes" 'BEGIN { printf "%.4f", b / 1e9 }')
-    best_curl=0 best_raw=0 best_chunks=0 cpu_curl=0 cpu_raw=0 cpus1_curl="" cpus1_raw=""
+    best_curl=0 best_raw=0 best_chunks=0 cpu_curl=0 cpu_raw=0 cpus1_curl="" cpus1_raw="" cpus1_full=""
     for i in 1 2 3 4 5; do
       read -r s c < <(wall_cpu curl_null -s --parallel --parallel-max 64 "$base/w/obj-[000000-001999].bin")
       cpus1_curl+=" $c"
       r=$(awk -v s="$s" -v n=$n 'BEGIN { printf "%.1f", n / s }')
       if awk -v x="$r" -v y="$best_curl" 'BEGIN { exit !(x > y) }'; then best_curl=$r; cpu_curl=$c; fi
-      read -r s c < <(wall_cpu "$probe" --format raw --batch 256 --no-crc --json --quiet --in-flight 64 "$base/w/obj-{000000..001999}.bin")
+      read -r s c < <(wall_cpu "$probe_io" --format raw --batch 256 --no-crc --json --quiet --in-flight 64 "$base/w/obj-{000000..001999}.bin")
       cpus1_raw+=" $c"
       [ "$(field records < "$ngx/out")" = $n ] || { echo "http: raw record count mismatch" >&2; cat "$ngx/out" >&2; exit 1; }
       [ "$(field payload_bytes < "$ngx/out")" = "$wbytes" ] || { echo "http: raw byte count mismatch" >&2; exit 1; }
       r=$(awk -v s="$s" -v n=$n 'BEGIN { printf "%.1f", n / s }')
       if awk -v x="$r" -v y="$best_raw" 'BEGIN { exit !(x > y) }'; then best_raw=$r; cpu_raw=$c; fi
-      read -r s c < <(wall_cpu "$probe" --format chunks --no-crc --json --quiet --in-flight 64 "$base/w/obj-{000000..001999}.bin")
+      read -r s c < <(wall_cpu "$probe_io" --format chunks --no-crc --json --quiet --in-flight 64 "$base/w/obj-{000000..001999}.bin")
       r=$(awk -v s="$s" -v n=$n 'BEGIN { printf "%.1f", n / s }')
       if awk -v x="$r" -v y="$best_chunks" 'BEGIN { exit !(x > y) }'; then best_chunks=$r; fi
+      read -r s c < <(wall_cpu "$probe" --format raw --batch 256 --no-crc --json --quiet --in-flight 64 "$base/w/obj-{000000..001999}.bin")
+      cpus1_full+=" $c"
     done
     echo "{\"bench\":\"http_whole_objects\",\"objects\":$n,\"bytes\":$wbytes,\"sluice_raw_objects_per_s\":$best_raw,\"sluice_chunks_objects_per_s\":$best_chunks,\"curl_objects_per_s\":$best_curl,\"ratio\":$(ratio "$best_raw" "$best_curl"),\"sluice_cpu_s_per_gb\":$(awk -v c="$cpu_raw" -v g="$wgb" 'BEGIN{printf "%.3f", c / g}'),\"curl_cpu_s_per_gb\":$(awk -v c="$cpu_curl" -v g="$wgb" 'BEGIN{printf "%.3f", c / g}')}"
     echo "http 2,000 whole objects of 50-150 KB (raw, batched 256): sluice $best_raw objects/s (as chunks $best_chunks/s), curl --parallel 64 $best_curl objects/s, ratio $(ratio "$best_raw" "$best_curl"); CPU s: sluice $cpu_raw, curl $cpu_curl (best of 5)" >&2
@@ -221,7 +226,7 @@ open(sys.argv[1] + "/sizes", "w").write("%d\n" % sum(sizes))' "$www/w"
       cpus5_curl+=" $c"
       r=$(awk -v s="$s" -v n=$n 'BEGIN { printf "%.1f", 5 * n / s }')
       if awk -v x="$r" -v y="$best_curl" 'BEGIN { exit !(x > y) }'; then best_curl=$r; cpu_curl=$c; fi
-      read -r s c < <(wall_cpu "$probe" --format raw --batch 256 --epochs 5 --no-crc --json --quiet --in-flight 64 "$base/w/obj-{000000..001999}.bin")
+      read -r s c < <(wall_cpu "$probe_io" --format raw --batch 256 --epochs 5 --no-crc --json --quiet --in-flight 64 "$base/w/obj-{000000..001999}.bin")
       cpus5_raw+=" $c"
       [ "$(field records < "$ngx/out")" = $((5 * n)) ] || { echo "http: raw record count mismatch (5 epochs)" >&2; cat "$ngx/out" >&2; exit 1; }
       r=$(awk -v s="$s" -v n=$n 'BEGIN { printf "%.1f", 5 * n / s }')
@@ -231,9 +236,9 @@ open(sys.argv[1] + "/sizes", "w").write("%d\n" % sum(sizes))' "$www/w"
     echo "http the same objects 5 times in one process (raw, batched 256): sluice $best_raw objects/s, curl --parallel 64 $best_curl objects/s, ratio $(ratio "$best_raw" "$best_curl"); CPU s: sluice $cpu_raw, curl $cpu_curl (best of 3)" >&2
     # CPU per GB with each process's fixed costs taken out (goal 3's "per GB"): the median
     # CPU of the five-pass runs less that of the one-pass runs, over the four passes' bytes.
-    # What one pass costs beyond that is what a process pays once: its start (sluice-probe
-    # loads OpenCV and the CUDA runtime for its image and device modes, about 15 ms more
-    # than curl) and the memory a pipeline holds, faulted in once (here 50-110 MB: a batch
+    # What one pass costs beyond that is what a process pays once: its start (the full
+    # sluice-probe loads OpenCV and the CUDA runtime for its image and device modes, 12-13
+    # ms more than sluice-probe-io) and the memory a pipeline holds, faulted in once (here 50-110 MB: a batch
     # buffer or two with ~25 MB written in each, the pool's chunks and libcurl's receive
     # buffers, which curl writing to /dev/null never needs). On a VM where first touch is
     # dear (4 s/GiB) that is most of the difference.
@@ -246,10 +251,13 @@ open(sys.argv[1] + "/sizes", "w").write("%d\n" % sum(sizes))' "$www/w"
     read -r per_c fixed_c < <(per_gb_and_fixed "$m1c" "$m5c")
     echo "{\"bench\":\"http_whole_objects_cpu_per_gb\",\"sluice_cpu_s_per_gb\":$per_s,\"curl_cpu_s_per_gb\":$per_c,\"ratio\":$(ratio "$per_s" "$per_c"),\"sluice_fixed_cpu_s\":$fixed_s,\"curl_fixed_cpu_s\":$fixed_c}"
     echo "http whole objects, CPU per GB less each process's fixed cost (medians: 5 passes less 1, over 4 passes' bytes): sluice $per_s s/GB, curl $per_c s/GB, ratio $(ratio "$per_s" "$per_c") (goal <= 1); once per process: sluice $fixed_s s, curl $fixed_c s" >&2
+    m1f=$(echo "$cpus1_full" | median)
+    echo "{\"bench\":\"http_whole_objects_one_pass_cpu\",\"sluice_cpu_s\":$m1s,\"sluice_full_probe_cpu_s\":$m1f,\"curl_cpu_s\":$m1c,\"ratio\":$(ratio "$m1s" "$m1c"),\"full_probe_ratio\":$(ratio "$m1f" "$m1c")}"
+    echo "http whole objects, one pass, median CPU of 5: sluice-probe-io $m1s s, the full sluice-probe (OpenCV, CUDA runtime) $m1f s, curl $m1c s; ratio $(ratio "$m1s" "$m1c") (full probe $(ratio "$m1f" "$m1c"))" >&2
     # Through the fault server with a 50 ms first byte: against 64 / 50 ms.
     best=0
     for i in 1 2; do
-      read -r s c < <(wall_cpu "$probe" --format tar --batch 256 --no-crc --json --quiet --in-flight 64 "http://127.0.0.1:$fport/o/shard-{000000..001999}.tar")
+      read -r s c < <(wall_cpu "$probe_io" --format tar --batch 256 --no-crc --json --quiet --in-flight 64 "http://127.0.0.1:$fport/o/shard-{000000..001999}.tar")
       [ "$(field records < "$ngx/out")" = $n ] || { echo "http: record count mismatch (fault server)" >&2; exit 1; }
       r=$(awk -v s="$s" -v n=$n 'BEGIN { printf "%.1f", n / s }')
       if awk -v x="$r" -v y="$best" 'BEGIN { exit !(x > y) }'; then best=$r; fi
@@ -293,11 +301,11 @@ open(sys.argv[1] + "/sizes", "w").write("%d\n" % sum(sizes))' "$www/w"
     n=2000
     best_s3=0 best_http=0 best_boto=0
     for i in 1 2 3; do
-      o=$("$probe" --format tar --batch 256 --no-crc --json --quiet --in-flight 64 --endpoint "$endpoint" "s3://bkt/o/shard-{000000..001999}.tar")
+      o=$("$probe_io" --format tar --batch 256 --no-crc --json --quiet --in-flight 64 --endpoint "$endpoint" "s3://bkt/o/shard-{000000..001999}.tar")
       [ "$(echo "$o" | field records)" = $n ] || { echo "s3: record count mismatch" >&2; echo "$o" >&2; exit 1; }
       r=$(echo "$o" | field seconds | awk -v n=$n '{ printf "%.1f", n / $1 }')
       if awk -v x="$r" -v y="$best_s3" 'BEGIN { exit !(x > y) }'; then best_s3=$r; fi
-      o=$("$probe" --format tar --batch 256 --no-crc --json --quiet --in-flight 64 "$endpoint/bkt/o/shard-{000000..001999}.tar")
+      o=$("$probe_io" --format tar --batch 256 --no-crc --json --quiet --in-flight 64 "$endpoint/bkt/o/shard-{000000..001999}.tar")
       [ "$(echo "$o" | field records)" = $n ] || { echo "s3: record count mismatch (http)" >&2; exit 1; }
       r=$(echo "$o" | field seconds | awk -v n=$n '{ printf "%.1f", n / $1 }')
       if awk -v x="$r" -v y="$best_http" 'BEGIN { exit !(x > y) }'; then best_http=$r; fi
@@ -313,7 +321,7 @@ open(sys.argv[1] + "/sizes", "w").write("%d\n" % sum(sizes))' "$www/w"
       best_s3=0 best_boto=0
       local i o g
       for i in $(seq "$2"); do
-        o=$("$probe" --format chunks --json --quiet --endpoint "$1" s3://bkt/big.bin)
+        o=$("$probe_io" --format chunks --json --quiet --endpoint "$1" s3://bkt/big.bin)
         [ "$(echo "$o" | field payload_bytes)" = 1073741824 ] || { echo "s3: size mismatch from $1" >&2; exit 1; }
         g=$(echo "$o" | field bytes_per_s | awk '{ printf "%.3f", $1 / 1e9 }')
         if awk -v x="$g" -v y="$best_s3" 'BEGIN { exit !(x > y) }'; then best_s3=$g; fi
@@ -338,7 +346,7 @@ open(sys.argv[1] + "/sizes", "w").write("%d\n" % sum(sizes))' "$www/w"
       for i in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$sport/" && break; sleep 0.1; done
       python3 tests/support/s3_setup.py s3rver "http://127.0.0.1:$sport" "$ngx/up" > /dev/null
       export AWS_ACCESS_KEY_ID=S3RVER AWS_SECRET_ACCESS_KEY=S3RVER
-      t0=$(now); o=$("$probe" --format tar --batch 256 --no-crc --json --quiet --in-flight 64 --endpoint "http://127.0.0.1:$sport" s3://bkt/o/); t1=$(now)
+      t0=$(now); o=$("$probe_io" --format tar --batch 256 --no-crc --json --quiet --in-flight 64 --endpoint "http://127.0.0.1:$sport" s3://bkt/o/); t1=$(now)
       [ "$(echo "$o" | field records)" = $n ] || { echo "s3: record count mismatch (s3rver)" >&2; echo "$o" >&2; exit 1; }
       sl=$(awk -v a="$t0" -v b="$t1" -v n=$n 'BEGIN { printf "%.1f", n / (b - a) }')
       t0=$(now); aws --endpoint-url "http://127.0.0.1:$sport" s3 cp --recursive --quiet s3://bkt/o/ "$ngx/cp/"; t1=$(now)
