@@ -553,6 +553,34 @@ class FetchOptions(unittest.TestCase):
             sluice.Pipeline(sluice.list(base + "/s.bin") | sluice.plan() | sluice.fetch(stall=-1) | sluice.raw()
                             | sluice.batch(size=1))
 
+    def test_connect_timeout_in_seconds_ends_a_connection_never_made(self):
+        # A listener whose backlog is full: the kernel drops further SYNs, so a connection
+        # to it is never made (the default connect_timeout would wait 10 s).
+        hole = socket.socket()
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(0)
+        fillers = []
+        try:
+            for _ in range(3):
+                c = socket.socket()
+                c.setblocking(False)
+                c.connect_ex(hole.getsockname())
+                fillers.append(c)
+            time.sleep(0.05)
+            url = "http://127.0.0.1:%d/x.bin" % hole.getsockname()[1]
+            t0 = time.monotonic()
+            with self.assertRaises(sluice.NetworkError) as e:
+                self.fetch_one(url, retries=0, connect_timeout=0.5, stall=1)
+            took = time.monotonic() - t0
+        finally:
+            for c in fillers:
+                c.close()
+            hole.close()
+        self.assertIn("Failed to connect to 127.0.0.1", str(e.exception))
+        self.assertIn(url, str(e.exception))
+        self.assertGreaterEqual(took, 0.4)
+        self.assertLess(took, 5)  # connect_timeout's half second, not 10 s; generous for a loaded machine
+
     def test_redirects_are_followed_up_to_max_redirects(self):
         import http.server
 
