@@ -343,6 +343,46 @@ TEST_CASE("fetch: directly received bodies under resets, stalls and truncations 
     REQUIRE(eng->direct() - before >= 30);
 }
 
+namespace {
+// One object through fetch with a stall limit of 1 s and one retry, until it fails:
+// what came before the error, the error's text and the seconds it all took.
+struct failed_fetch {
+    std::string got, error;
+    double seconds = 0;
+};
+failed_fetch fetch_until_error(const std::string& url) {
+    sluice::pipeline p(sluice::list(url) | sluice::plan() |
+                       sluice::fetch({.chunk_size = 256 << 10,
+                                      .retries = 1,
+                                      .backoff_base = std::chrono::milliseconds(1),
+                                      .backoff_cap = std::chrono::milliseconds(5),
+                                      .stall = std::chrono::seconds(1)}));
+    const auto t0 = std::chrono::steady_clock::now();
+    failed_fetch r;
+    try {
+        while (auto c = p.next_blocking()) r.got += c->data.view();
+    } catch (const sluice::source_error& e) {
+        r.error = e.what();
+    }
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return r;
+}
+
+// Every chunk of p, its reader stopping for 2.5 s (beyond a stall limit of 1 s) after
+// chunks `first` and `second`, and for `pace` after each other.
+template <class Pipeline>
+std::string read_with_two_long_stops(Pipeline& p, std::size_t first, std::size_t second, std::chrono::milliseconds pace) {
+    std::string got;
+    std::size_t chunks = 0;
+    while (auto c = p.next_blocking()) {
+        got += c->data.view();
+        ++chunks;
+        std::this_thread::sleep_for(chunks == first || chunks == second ? std::chrono::milliseconds(2500) : pace);
+    }
+    return got;
+}
+}  // namespace
+
 TEST_CASE("fetch: a directly received body that stalls, is cut or reset fails as libcurl's would, naming the URL", "[http][direct][errors]") {
     auto eng = direct_engine("262144");
     if (!eng) return;
@@ -365,20 +405,7 @@ TEST_CASE("fetch: a directly received body that stalls, is cut or reset fails as
         INFO(args.front());
         const auto before = eng->direct();
         sluice_test::fault_server faults(www.path().string(), args);
-        sluice::pipeline p(sluice::list(faults.url("s.bin")) | sluice::plan() |
-                           sluice::fetch({.chunk_size = 256 << 10,
-                                          .retries = 1,
-                                          .backoff_base = std::chrono::milliseconds(1),
-                                          .backoff_cap = std::chrono::milliseconds(5),
-                                          .stall = std::chrono::seconds(1)}));
-        const auto t0 = std::chrono::steady_clock::now();
-        std::string error, got;
-        try {
-            while (auto c = p.next_blocking()) got += c->data.view();
-        } catch (const sluice::source_error& e) {
-            error = e.what();
-        }
-        const auto took = std::chrono::steady_clock::now() - t0;
+        const auto [got, error, took] = fetch_until_error(faults.url("s.bin"));
         INFO(error);
         const std::string expected = "sluice: cannot fetch (" + why + " after 2 attempts) '" + faults.url("s.bin") + "'";
         INFO("expected: " << expected);
@@ -390,7 +417,7 @@ TEST_CASE("fetch: a directly received body that stalls, is cut or reset fails as
         // socket before the lane takes it over (the kernel then drops what was queued, and
         // a reset socket has no peer address to be found by), and libcurl reports it.
         if (args.front() != "--preset") REQUIRE(eng->direct() - before == 2);
-        REQUIRE(took < std::chrono::seconds(30));  // a generous bound: the stall is cut at about 1 s
+        REQUIRE(took < 30);  // a generous bound: the stall is cut at about 1 s
     }
 }
 
@@ -419,20 +446,7 @@ TEST_CASE("fetch: a body libcurl receives is timed from its last byte, not by li
         INFO(args.front());
         const auto direct_before = eng->direct();
         sluice_test::fault_server faults(www.path().string(), args);
-        sluice::pipeline p(sluice::list(faults.url("s.bin")) | sluice::plan() |
-                           sluice::fetch({.chunk_size = 256 << 10,
-                                          .retries = 1,
-                                          .backoff_base = std::chrono::milliseconds(1),
-                                          .backoff_cap = std::chrono::milliseconds(5),
-                                          .stall = std::chrono::seconds(1)}));
-        const auto t0 = std::chrono::steady_clock::now();
-        std::string error, got;
-        try {
-            while (auto c = p.next_blocking()) got += c->data.view();
-        } catch (const sluice::source_error& e) {
-            error = e.what();
-        }
-        const auto took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const auto [got, error, took] = fetch_until_error(faults.url("s.bin"));
         INFO(error << " (" << took << " s)");
         REQUIRE(error.starts_with("sluice: cannot fetch (Timeout was reached (Operation too slow. Less than 1 bytes/sec "
                                   "transferred the last 1 seconds) after 2 attempts) '" +
@@ -505,14 +519,7 @@ TEST_CASE("fetch: a body libcurl receives waits for a slow reader, beyond the st
                                       .retries = 0,
                                       .stall = std::chrono::seconds(1),
                                       .out = {2, 512 << 10}}));
-    std::string got;
-    std::size_t chunks = 0;
-    while (auto c = p.next_blocking()) {
-        got += c->data.view();
-        ++chunks;
-        if (chunks == 2 || chunks == 12) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
-    }
-    REQUIRE(got == body);
+    REQUIRE(read_with_two_long_stops(p, 2, 12, std::chrono::milliseconds(0)) == body);
     REQUIRE(counter(p.figures(), "fetch", "retries") == 0);
     REQUIRE(eng->direct() == direct_before);  // libcurl received it
 }
@@ -614,14 +621,7 @@ TEST_CASE("fetch: a directly received body waits for a slow reader, beyond the s
                                       .retries = 0,
                                       .stall = std::chrono::seconds(1),
                                       .out = {2, 512 << 10}}));
-    std::string got;
-    std::size_t chunks = 0;
-    while (auto c = p.next_blocking()) {
-        got += c->data.view();
-        ++chunks;
-        if (chunks == 2 || chunks == 20) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
-        else std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
+    const std::string got = read_with_two_long_stops(p, 2, 20, std::chrono::milliseconds(2));
     REQUIRE(got.size() == body.size());
     REQUIRE(got == body);
     const auto f = p.figures();
