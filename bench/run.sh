@@ -212,6 +212,7 @@ open(sys.argv[1] + "/sizes", "w").write("%d\n" % sum(sizes))' "$www/w"
       r=$(awk -v s="$s" -v n=$n 'BEGIN { printf "%.1f", n / s }')
       if awk -v x="$r" -v y="$best_chunks" 'BEGIN { exit !(x > y) }'; then best_chunks=$r; fi
       read -r s c < <(wall_cpu "$probe" --format raw --batch 256 --no-crc --json --quiet --in-flight 64 "$base/w/obj-{000000..001999}.bin")
+      [ "$(field records < "$ngx/out")" = $n ] || { echo "http: raw record count mismatch (full probe)" >&2; cat "$ngx/out" >&2; exit 1; }
       cpus1_full+=" $c"
     done
     echo "{\"bench\":\"http_whole_objects\",\"objects\":$n,\"bytes\":$wbytes,\"sluice_raw_objects_per_s\":$best_raw,\"sluice_chunks_objects_per_s\":$best_chunks,\"curl_objects_per_s\":$best_curl,\"ratio\":$(ratio "$best_raw" "$best_curl"),\"sluice_cpu_s_per_gb\":$(awk -v c="$cpu_raw" -v g="$wgb" 'BEGIN{printf "%.3f", c / g}'),\"curl_cpu_s_per_gb\":$(awk -v c="$cpu_curl" -v g="$wgb" 'BEGIN{printf "%.3f", c / g}')}"

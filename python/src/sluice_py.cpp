@@ -112,7 +112,11 @@ sluice::cache_options cache_opts(const py::object& v) {
                              py::str(v.get_type().attr("__name__")).cast<std::string>());
     options o("fetch", py::reinterpret_borrow<py::dict>(v), "cache");
     sluice::cache_options c;
-    o.get("dir", c.dir);
+    py::object dir = py::none();
+    o.get("dir", dir);
+    if (!dir.is_none()) c.dir = py::module_::import("os").attr("fspath")(dir).cast<std::string>();  // str or path-like
+    if (c.dir.empty())
+        throw py::value_error("sluice.fetch()'s cache needs 'dir', the directory of the copies (an empty one is made)");
     o.get("max_bytes", c.max_bytes);
     o.get("chunk_size", c.chunk_size);
     o.get("map", c.map);

@@ -4,6 +4,7 @@ Needs numpy; a test that needs what the machine lacks (python3-torch, s3rver) re
 itself skipped (unittest's skipTest: "OK (skipped=N)"), never passed."""
 import contextlib
 import os
+import pathlib
 import signal
 import socket
 import subprocess
@@ -507,7 +508,7 @@ class FetchOptions(unittest.TestCase):
                 requests, fetch = one_pass(dir=cached)
                 self.assertEqual((requests, fetch["cache_misses"]), (5, 5))
                 self.assertEqual(len(copies(cached)), 5)
-                requests, fetch = one_pass(dir=cached)
+                requests, fetch = one_pass(dir=pathlib.Path(cached))  # a path-like is taken too
                 self.assertEqual((requests, fetch["cache_hits"]), (0, 5))
                 # max_bytes below every object: none is copied, every pass asks the server.
                 with tempfile.TemporaryDirectory() as small:
@@ -524,6 +525,8 @@ class FetchOptions(unittest.TestCase):
             sluice.Pipeline(chain | sluice.fetch(cache={"dir": "c", "max_byte": 1}) | sluice.raw() | sluice.batch(size=1))
         with self.assertRaisesRegex(TypeError, r"sluice.fetch\(\)'s cache is a dict of cache_options by name"):
             sluice.Pipeline(chain | sluice.fetch(cache="c") | sluice.raw() | sluice.batch(size=1))
+        with self.assertRaisesRegex(ValueError, r"sluice.fetch\(\)'s cache needs 'dir'"):
+            sluice.Pipeline(chain | sluice.fetch(cache={"max_bytes": 1 << 30}) | sluice.raw() | sluice.batch(size=1))
         with self.assertRaisesRegex(ValueError, "stale_after is seconds, from 0 to 1e9"):
             sluice.Pipeline(chain | sluice.fetch(cache={"dir": "c", "stale_after": -1}) | sluice.raw()
                             | sluice.batch(size=1))

@@ -66,7 +66,8 @@ struct fetch_options {
     /// No byte for this long, from the request on: the transfer fails (and is retried).
     /// Timed from the last byte (header or body) that came, found within half a second
     /// after the limit; a transfer held for a slow reader is not timed. 0: no limit.
-    /// Connecting is timed by `connect_timeout`.
+    /// Connecting is timed by `connect_timeout`; the body of a redirect, which libcurl
+    /// skips, by libcurl's low-speed check (an average over its last seconds).
     std::chrono::seconds stall{30};
     std::chrono::milliseconds connect_timeout{10000};
     long max_redirects = 5;

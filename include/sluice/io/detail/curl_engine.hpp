@@ -158,6 +158,8 @@ struct http_transfer {
     std::uint64_t activity = 0;       // header lines and body pieces libcurl handed over
     std::uint64_t activity_seen = 0;  // `activity` at the sweep that set last_byte
     bool clocked = false;             // its request is on its way: the stall limit runs
+    bool clock_stops = false;         // libcurl says when each request goes out: the clock may stop between
+    bool location = false;            // this response has a Location header
 
     bool is_direct() const { return fd >= 0; }
 
@@ -710,13 +712,16 @@ private:
         curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, &on_header);
         curl_easy_setopt(e, CURLOPT_HEADERDATA, &t);
         // The stall limit's clock: stopped while a connection is made (a redirect's, or a
-        // new one for a kept-alive connection that turned out dead), started again as
-        // each request goes out. A libcurl without CURLOPT_PREREQFUNCTION (before 7.80,
-        // at run time) leaves the clock running from the start.
-        curl_easy_setopt(e, CURLOPT_SOCKOPTFUNCTION, &on_socket);
-        curl_easy_setopt(e, CURLOPT_SOCKOPTDATA, &t);
+        // new one for a kept-alive connection that turned out dead; a name looked up again
+        // for the latter is still timed), started again as each request goes out. A
+        // libcurl without CURLOPT_PREREQFUNCTION (before 7.80, at run time) cannot say when
+        // that is: the clock runs from the start and never stops.
         curl_easy_setopt(e, CURLOPT_PREREQDATA, &t);
-        if (curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, &on_request) != CURLE_OK) {
+        t.clock_stops = curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, &on_request) == CURLE_OK;
+        if (t.clock_stops) {
+            curl_easy_setopt(e, CURLOPT_SOCKOPTFUNCTION, &on_socket);
+            curl_easy_setopt(e, CURLOPT_SOCKOPTDATA, &t);
+        } else {
             t.clocked = true;
             ++t.activity;  // (the first sweep to see it starts its clock)
         }
@@ -861,13 +866,17 @@ private:
         const std::size_t len = size * n;
         std::string_view line(p, len);
         if (line == "\r\n" || line == "\n") {  // a response's headers end
-            // A redirect: libcurl skips its body without handing it over, and may look up
-            // and connect to another host before the next request. Its clock stops until
-            // that request goes out (libcurl's own low-speed check still times the body).
+            // A redirect to follow: libcurl skips its body without handing it over, and may
+            // look up and connect to another host before the next request. Its clock stops
+            // until that request goes out (libcurl's own low-speed check still times the
+            // skipped body). A 3xx without a Location is the answer, its body timed here.
             long code = 0;
             curl_easy_getinfo(t.easy, CURLINFO_RESPONSE_CODE, &code);
-            if (code >= 300 && code < 400) t.clocked = false;
+            if (t.clock_stops && t.location && code >= 300 && code < 400 && code != 304) t.clocked = false;
+        } else if (header_is(line, "location:")) {
+            t.location = true;
         } else if (line.starts_with("HTTP/")) {  // a new response (after a redirect or 100): forget the last
+            t.location = false;
             t.etag.clear();
             t.received = 0;
             t.total = http_request::npos;
