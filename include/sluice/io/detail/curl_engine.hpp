@@ -152,10 +152,10 @@ struct http_transfer {
     curl_off_t curl_seen = 0;      // the body bytes libcurl had counted when the lane took it over
     // The stall limit, on the lane's clock (see lane::sweep_stalls): timed from the request
     // on (`clocked`), from the last byte, header or body, that came; a transfer held for
-    // its reader is not timed. libcurl's callbacks count `activity`; the lane's sweep
+    // its reader is not timed. libcurl's callbacks and pull count `activity`; the lane's sweep
     // notes when it moved, so the callbacks read no clock.
     std::chrono::steady_clock::time_point last_byte;
-    std::uint64_t activity = 0;       // header lines and body pieces libcurl handed over
+    std::uint64_t activity = 0;       // header lines and body pieces libcurl handed over, recvs by pull
     std::uint64_t activity_seen = 0;  // `activity` at the sweep that set last_byte
     bool clocked = false;             // its request is on its way: the stall limit runs
     bool clock_stops = false;         // libcurl says when each request goes out: the clock may stop between
@@ -383,8 +383,9 @@ private:
                     done(*t, result);
                 }
                 take_over();
-                receive_direct();
+                // Before receive_direct, which drops the direct transfers a sweep ended.
                 const int until_sweep = sweep_stalls();
+                receive_direct();
                 post_wakes();
                 waits_.clear();
                 for (auto& d : direct_) {
@@ -422,7 +423,6 @@ private:
                 t.curl_seen = seen;
                 t.fd = fd;
                 t.left = static_cast<std::uint64_t>(length) - t.received;
-                t.last_byte = std::chrono::steady_clock::now();
                 stream_fence();  // what on_write streamed into the chunk so far, before pull delivers it
                 direct_.push_back(it->second);
                 direct_count.fetch_add(1, std::memory_order_relaxed);
@@ -472,10 +472,9 @@ private:
         // Receives what the sockets of direct transfers hold, straight into their chunks.
         void receive_direct() {
             if (direct_.empty()) return;
-            const auto now = std::chrono::steady_clock::now();
             std::size_t kept = 0;
             for (auto& d : direct_)
-                if (d->easy && !pull(*d, now)) direct_[kept++] = std::move(d);
+                if (d->easy && !pull(*d)) direct_[kept++] = std::move(d);
             direct_.resize(kept);
         }
 
@@ -484,7 +483,7 @@ private:
         // were filled this round (a reader that detached holds nothing back: the lane's
         // other work and wake-ups must not wait for its whole body) or it ends; true when
         // it ended.
-        bool pull(http_transfer& t, std::chrono::steady_clock::time_point now) {
+        bool pull(http_transfer& t) {
             // libcurl must not have read any of the body since it was paused: those bytes
             // would be missing here, and the next ones out of place. Checked at each round's
             // first recv (libcurl runs only between rounds), so only bytes before such a
@@ -506,10 +505,7 @@ private:
                         t.paused = true;
                         direct_holds.fetch_add(1, std::memory_order_relaxed);
                     }
-                    if (t.paused) {
-                        t.last_byte = now;  // a transfer held by its reader is not stalled
-                        return false;
-                    }
+                    if (t.paused) return false;  // held by its reader: not timed (sweep_stalls)
                 }
                 if (!t.buf) {
                     t.want = static_cast<std::size_t>(std::min<std::uint64_t>(t.req.chunk_size, t.left));
@@ -523,7 +519,7 @@ private:
                     t.fill += k;
                     t.received += k;
                     t.left -= k;
-                    t.last_byte = now;
+                    ++t.activity;  // for the stall limit (sweep_stalls)
                     const bool full = t.fill == t.want;
                     if (full) {
                         deliver(t, bytes(std::move(t.buf), t.fill));
@@ -544,24 +540,18 @@ private:
                 std::snprintf(t.errbuf, sizeof t.errbuf, "Recv failure: %s", std::strerror(errno));
                 return end_direct(t, CURLE_RECV_ERROR);
             }
-            // stall_seconds 0: no limit (libcurl's low-speed check is off at 0 too).
-            if (t.req.stall_seconds > 0 && now - t.last_byte >= std::chrono::seconds(t.req.stall_seconds)) {
-                std::snprintf(t.errbuf, sizeof t.errbuf,
-                              "Operation too slow. Less than 1 bytes/sec transferred the last %ld seconds",
-                              t.req.stall_seconds);
-                return end_direct(t, CURLE_OPERATION_TIMEDOUT);
-            }
             return false;
         }
 
-        // The stall limit of the transfers libcurl receives, on the lane's own clock: one
-        // that had no byte, header or body, for `stall_seconds` since its request went out
-        // (or since its reader let it go on) fails as libcurl's low-speed check fails it,
-        // and is retried as that is. libcurl's check stays set, but it averages the rate
-        // over its last seconds: after a burst it noticed a stall of 1 s 4.5-7 s late
-        // (bench/RESULTS.md, issue 17). Each sweep, every `stall_sweep`, notes which
-        // transfers moved since the last: a stall is found stall_seconds to that plus two
-        // sweeps after the last byte. Bodies received directly are timed in pull. Returns
+        // The stall limit of every transfer, on the lane's own clock: one that had no byte,
+        // header or body, for `stall_seconds` since its request went out (or since its
+        // reader let it go on) fails as libcurl's low-speed check fails it, and is retried
+        // as that is (stall_seconds 0: no limit, as libcurl's). libcurl's check stays set,
+        // but it averages the rate over its last seconds: after a burst it noticed a stall
+        // of 1 s 4.5-7 s late (bench/RESULTS.md, issue 17). Bodies received directly are
+        // counted by pull. Each sweep, every `stall_sweep`, notes which transfers moved
+        // since the last: a stall is found stall_seconds to that plus two sweeps after the
+        // last byte. A direct transfer ended here leaves direct_ in receive_direct. Returns
         // the milliseconds to the next sweep (at least 1), for the lane's poll.
         static constexpr std::chrono::milliseconds stall_sweep{250};
         int sweep_stalls() {
@@ -572,7 +562,7 @@ private:
             last_sweep_ = now;
             for (auto it = live_.begin(); it != live_.end();) {
                 http_transfer& t = *it->second;
-                if (!t.clocked || t.is_direct() || t.req.stall_seconds <= 0) {
+                if (!t.clocked || t.req.stall_seconds <= 0) {
                     ++it;
                     continue;
                 }
@@ -599,7 +589,7 @@ private:
                               t.req.stall_seconds);
                 const auto keep = it->second;  // live_ held it
                 it = live_.erase(it);
-                curl_multi_remove_handle(multi_, keep->easy);  // closes its connection
+                curl_multi_remove_handle(multi_, keep->easy);  // closes its connection (a direct one's too)
                 done(*keep, CURLE_OPERATION_TIMEDOUT);
             }
             return static_cast<int>(stall_sweep.count());
