@@ -2,8 +2,9 @@
 # Alternating rounds over HTTP: curl --parallel 64, then each given sluice-probe, ROUNDS
 # times; prints each program's median wall clock and CPU (task-clock) and its ratio to
 # curl's. build-release/bench/sluice-probe-io is the probe as bench/run.sh http runs it
-# (no OpenCV, no CUDA runtime: 12-13 ms less CPU at each start than examples/sluice-probe). For comparing builds or settings on a noisy VM, where bench/run.sh's best of 5
-# whole processes catches curl's lucky runs.
+# (no OpenCV, no CUDA runtime: 12-13 ms less CPU at each start than examples/sluice-probe).
+# For comparing builds or settings on a noisy VM, where bench/run.sh's best of 5 whole
+# processes catches curl's lucky runs.
 #
 #   bench/http_rounds.sh BASE_URL raw|raw5|tar|big ROUNDS NAME=PROBE [NAME=PROBE...]
 #

@@ -62,7 +62,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdint>
 #include <atomic>
 #include <cassert>
 #include <cctype>
@@ -74,6 +73,7 @@
 #include <mutex>
 #include <optional>
 #include <string_view>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -561,38 +561,35 @@ private:
                     std::max<std::int64_t>(1, std::chrono::ceil<std::chrono::milliseconds>(stall_sweep - since).count()));
             last_sweep_ = now;
             for (auto it = live_.begin(); it != live_.end();) {
-                http_transfer& t = *it->second;
-                if (!t.clocked || t.req.stall_seconds <= 0) {
+                if (!stalled(*it->second, now)) {
                     ++it;
                     continue;
                 }
-                if (t.activity != t.activity_seen) {
-                    t.activity_seen = t.activity;
-                    t.last_byte = now;
-                    ++it;
-                    continue;
-                }
-                if (now - t.last_byte < std::chrono::seconds(t.req.stall_seconds)) {
-                    ++it;
-                    continue;
-                }
-                {
-                    std::lock_guard lock(t.m);
-                    if (t.paused) {  // held for its reader, not stalled
-                        t.last_byte = now;
-                        ++it;
-                        continue;
-                    }
-                }
-                std::snprintf(t.errbuf, sizeof t.errbuf,
-                              "Operation too slow. Less than 1 bytes/sec transferred the last %ld seconds",
-                              t.req.stall_seconds);
                 const auto keep = it->second;  // live_ held it
+                std::snprintf(keep->errbuf, sizeof keep->errbuf,
+                              "Operation too slow. Less than 1 bytes/sec transferred the last %ld seconds",
+                              keep->req.stall_seconds);
                 it = live_.erase(it);
                 curl_multi_remove_handle(multi_, keep->easy);  // closes its connection (a direct one's too)
                 done(*keep, CURLE_OPERATION_TIMEDOUT);
             }
             return static_cast<int>(stall_sweep.count());
+        }
+        // Whether `t` has had nothing for its stall limit, as the sweep at `now` sees it; a
+        // transfer that moved since the last sweep, or is held for its reader, has its
+        // clock started again at `now`.
+        static bool stalled(http_transfer& t, std::chrono::steady_clock::time_point now) {
+            if (!t.clocked || t.req.stall_seconds <= 0) return false;
+            if (t.activity != t.activity_seen) {
+                t.activity_seen = t.activity;
+                t.last_byte = now;
+                return false;
+            }
+            if (now - t.last_byte < std::chrono::seconds(t.req.stall_seconds)) return false;
+            std::lock_guard lock(t.m);
+            if (!t.paused) return true;
+            t.last_byte = now;  // held for its reader, not stalled
+            return false;
         }
 
         bool end_direct(http_transfer& t, CURLcode result) {
