@@ -56,6 +56,14 @@ public:
           cpu_(cpu_threads_),
           work_(asio::make_work_guard(io_)),
           buffers_(buffer_pool::create(o.pool_cache_bytes)) {
+        // Whether large buffers get huge pages is measured here, once a process, while
+        // this runtime's threads are idle. Measured at the first large buffer, amid a
+        // fetch's threads faulting and mapping on two cores, a huge page took 0.15-5.2 ms
+        // to fault in (over 0.9 ms in 5 of 10 runs), and 1 run in 10 turned huge pages
+        // off (2,000 objects over HTTP: 22,000 page faults against 7,000, 0.45 s of CPU
+        // against 0.27); measured here, 0.14-0.35 ms in 10 runs of 12 (bench/RESULTS.md,
+        // issue 17, twenty-sixth session).
+        (void)detail::offer_huge_pages();
         io_thread_ = std::thread([this] {
             {
                 std::lock_guard lock(io_cpu_m_);
