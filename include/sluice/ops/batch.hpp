@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -277,10 +278,16 @@ public:
     /// A buffer still held (a group cut short by a stop or dropped at an epoch's end) goes
     /// back to the pool with its streamed bytes ordered.
     ~early_collation() { stream_fence(); }
+    /// How long a group waits for the last batch's buffer once its first eighth has
+    /// joined (see add).
+    static constexpr std::chrono::milliseconds wait_for_last{5};
+
     /// `pool`: the group stage's runtime's pool, which the collator allocates from too
     /// (collation_memory says so before any stage runs; a default-made one copies nothing).
-    early_collation(std::shared_ptr<buffer_source> pool, std::atomic<std::uint64_t>* copied)
-        : mem_(std::move(pool)), copied_(copied) {}
+    /// `wait`: wait_for_last, other than in tests.
+    early_collation(std::shared_ptr<buffer_source> pool, std::atomic<std::uint64_t>* copied,
+                    std::chrono::steady_clock::duration wait = wait_for_last)
+        : mem_(std::move(pool)), copied_(copied), wait_(wait) {}
 
     /// `group.back()` just joined a group of `n` records at most.
     void add(std::vector<record>& group, std::size_t n) {
@@ -302,11 +309,18 @@ public:
             buf_ = mem_->allocate_kept(want);
             // None kept: the last batch's buffer is usually back in the pool once its
             // consumer has taken it, which happens while this group's first records arrive.
-            // Its first eighth waits for it (held in their own buffers); fresh memory is
-            // faulted in only if it has not come back by then. Where the consumer keeps up,
-            // a run then holds one batch buffer, not two (2,000 objects of 100 KB: peak RSS
-            // 25 MB lower). Not below the sizes a pool keeps (none would come back).
-            if (!buf_ && last_ >= buffer_pool::min_pooled && group.size() < std::max<std::size_t>(1, n / 8)) return;
+            // The group waits for it (its records held in their own buffers) until its
+            // first eighth has joined and wait_ has passed since its first record, or
+            // until half of it has joined; only then is fresh memory faulted in. Where the
+            // consumer keeps up, a run then holds one batch buffer, not two (2,000 objects
+            // of 100 KB: peak RSS 60 MB against 87 by medians). A count alone was not
+            // enough: records that queued while the last group was collated join within a
+            // fraction of a millisecond, and 10 runs of 14 over 2,000 objects faulted in a
+            // second buffer, once 0.14 ms after the last batch went, its buffer back 0.5
+            // ms later (0.2-2 ms in other runs; bench/RESULTS.md, issue 17, twenty-sixth
+            // session). Not below the sizes a pool keeps (none would come back).
+            if (group.size() == 1) first_joined_ = std::chrono::steady_clock::now();
+            if (!buf_ && last_ >= buffer_pool::min_pooled && !waited_enough(group.size(), n)) return;
             if (!buf_) buf_ = mem_->allocate_varying(want);
             // Sized from the last whole group (ragged records or an epoch's last group may
             // come out somewhat smaller), fresh memory is faulted in at once
@@ -344,6 +358,12 @@ public:
     }
 
 private:
+    // Whether a group of `size` records of `n` at most has waited long enough for the last
+    // batch's buffer (see add).
+    bool waited_enough(std::size_t size, std::size_t n) const {
+        if (size >= std::max<std::size_t>(1, n / 2)) return true;
+        return size >= std::max<std::size_t>(1, n / 8) && std::chrono::steady_clock::now() - first_joined_ >= wait_;
+    }
     // Whether the record alone holds a buffer of its own (not a slice of a shared chunk,
     // not a mapped file), the records copied on arrival. Empty records hold none and pass.
     static bool owns_alone(const record& r) {
@@ -391,6 +411,8 @@ private:
     std::atomic<std::uint64_t>* copied_ = nullptr;  // the group stage's figure
     std::shared_ptr<buffer> buf_;
     std::size_t used_ = 0, last_ = 0;  // last_: the bytes of the last whole group (else the first)
+    std::chrono::steady_clock::duration wait_ = wait_for_last;
+    std::chrono::steady_clock::time_point first_joined_;  // this group's first record joined
     bool whole_ = false;               // this group has reached the batch size
     bool off_ = false;
     bool stream_ = false;  // copy_in writes with streaming stores
