@@ -151,7 +151,7 @@ TEST_CASE("fetch: two pipelines at once share libcurl's threads and each gets it
 TEST_CASE("fetch: transfers are spread over the engine's lanes and each object arrives whole", "[http]") {
     using engine = sluice::detail::curl_engine;
     // SLUICE_HTTP_THREADS is read when an engine starts; values outside 1-16 are ignored.
-    const std::size_t fallback = std::clamp<std::size_t>(sluice::detail::usable_cpus(), 1, 4);
+    const std::size_t fallback = std::clamp<std::size_t>(sluice::detail::usable_cpus() / 2, 1, 4);
     for (const char* bad : {"0", "17", "two", "3x", ""}) {
         sluice_test::scoped_env env{{{"SLUICE_HTTP_THREADS", std::string(bad)}}};
         INFO("SLUICE_HTTP_THREADS=" << bad);
