@@ -270,6 +270,10 @@ inline constexpr std::size_t streamed_batch_bytes = std::size_t{4} << 20;
 /// is the rest of the group: the batch is copied whole, as before.
 class early_collation {
 public:
+    /// How long a group waits for the last batch's buffer once its first eighth has
+    /// joined (see add).
+    static constexpr std::chrono::milliseconds wait_for_last{5};
+
     early_collation() = default;
     early_collation(const early_collation&) = default;
     early_collation(early_collation&&) = default;
@@ -278,10 +282,6 @@ public:
     /// A buffer still held (a group cut short by a stop or dropped at an epoch's end) goes
     /// back to the pool with its streamed bytes ordered.
     ~early_collation() { stream_fence(); }
-    /// How long a group waits for the last batch's buffer once its first eighth has
-    /// joined (see add).
-    static constexpr std::chrono::milliseconds wait_for_last{5};
-
     /// `pool`: the group stage's runtime's pool, which the collator allocates from too
     /// (collation_memory says so before any stage runs; a default-made one copies nothing).
     /// `wait`: wait_for_last, other than in tests.
@@ -319,7 +319,10 @@ public:
             // second buffer, once 0.14 ms after the last batch went, its buffer back 0.5
             // ms later (0.2-2 ms in other runs; bench/RESULTS.md, issue 17, twenty-sixth
             // session). Not below the sizes a pool keeps (none would come back).
-            if (group.size() == 1) first_joined_ = std::chrono::steady_clock::now();
+            if (!timing_) {  // this group's first record (take() starts the next group)
+                timing_ = true;
+                first_joined_ = std::chrono::steady_clock::now();
+            }
             if (!buf_ && last_ >= buffer_pool::min_pooled && !waited_enough(group.size(), n)) return;
             if (!buf_) buf_ = mem_->allocate_varying(want);
             // Sized from the last whole group (ragged records or an epoch's last group may
@@ -354,6 +357,7 @@ public:
         buf_.reset();
         used_ = 0;
         off_ = false;
+        timing_ = false;
         return b;
     }
 
@@ -412,8 +416,9 @@ private:
     std::shared_ptr<buffer> buf_;
     std::size_t used_ = 0, last_ = 0;  // last_: the bytes of the last whole group (else the first)
     std::chrono::steady_clock::duration wait_ = wait_for_last;
-    std::chrono::steady_clock::time_point first_joined_;  // this group's first record joined
-    bool whole_ = false;               // this group has reached the batch size
+    std::chrono::steady_clock::time_point first_joined_;  // when this group's first record joined
+    bool timing_ = false;                                 // first_joined_ is this group's
+    bool whole_ = false;                                  // this group has reached the batch size
     bool off_ = false;
     bool stream_ = false;  // copy_in writes with streaming stores
 };

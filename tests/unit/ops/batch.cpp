@@ -659,6 +659,42 @@ TEST_CASE("a group copied on arrival waits a little for the last batch's buffer 
     }
 }
 
+TEST_CASE("a group copied on arrival times its wait from its own first record", "[batch]") {
+    std::shared_ptr<sluice::buffer_source> pool = sluice::buffer_pool::create(std::size_t{256} << 20);
+    std::atomic<std::uint64_t> copied{0};
+    auto s = std::make_shared<const sluice::shard>(sluice::shard{"objects", 0, 0});
+    const std::size_t n = 64;
+    auto object = [&](std::uint64_t i) {
+        return sluice::record{sluice::bytes::copy_of(std::string(100'000, char('a' + i % 26))), s, i, 0};
+    };
+    const auto wait = std::chrono::milliseconds(500);
+    sluice::detail::early_collation early(pool, &copied, wait);
+    auto fill = [&](std::vector<sluice::record>& group, std::size_t count) {
+        for (std::size_t i = group.size(); i < count; ++i) {
+            group.push_back(object(i));
+            early.add(group, n);
+        }
+    };
+    std::vector<sluice::record> g1;
+    fill(g1, n);
+    auto b1 = early.take();  // held by its consumer throughout
+    REQUIRE(b1 != nullptr);
+    // Longer than the wait passes after the engine was made and after the last group
+    // ended: neither starts this group's clock, its first record does.
+    std::this_thread::sleep_for(wait + std::chrono::milliseconds(100));
+    std::vector<sluice::record> g2;
+    fill(g2, n / 8);
+    REQUIRE(copied == n);  // an eighth, but the wait has not passed since its first record
+    std::this_thread::sleep_for(wait + std::chrono::milliseconds(100));
+    fill(g2, n / 8 + 1);
+    REQUIRE(copied == n + n / 8 + 1);  // now it has: fresh memory, the waiting records copied
+    fill(g2, n);
+    auto b2 = early.take();
+    REQUIRE(b2 != nullptr);
+    REQUIRE(b2->data() != b1->data());
+    for (std::size_t i = 0; i < n; ++i) REQUIRE(g2[i].data.view() == std::string(100'000, char('a' + i % 26)));
+}
+
 TEST_CASE("a group copied on arrival takes no memory for records that share their bytes: the pool's buffer stays for "
           "collation",
           "[batch]") {
