@@ -194,8 +194,9 @@ inline bool huge_pages_wanted(const char* env, const char* devices = "/sys/bus/v
     if (env && std::string_view(env) == "0") return false;
     return !balloon_reports_free_pages(devices) || huge_pages_pay(measure());
 }
-/// huge_pages_wanted for this process, decided at its first buffer that map_buffer maps
-/// (1 MiB or more: mapped_buffer_bytes).
+/// huge_pages_wanted for this process, decided once: when its first runtime is made (its
+/// threads idle; see runtime's constructor), or at its first buffer that map_buffer maps
+/// (1 MiB or more: mapped_buffer_bytes) where that comes first.
 inline bool offer_huge_pages() {
     static const bool yes = huge_pages_wanted(std::getenv("SLUICE_HUGE_PAGES"));
     return yes;

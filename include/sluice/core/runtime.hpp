@@ -60,9 +60,10 @@ public:
         // this runtime's threads are idle. Measured at the first large buffer, amid a
         // fetch's threads faulting and mapping on two cores, a huge page took 0.15-5.2 ms
         // to fault in (over 0.9 ms in 5 of 10 runs), and 1 run in 10 turned huge pages
-        // off (2,000 objects over HTTP: 22,000 page faults against 7,000, 0.45 s of CPU
-        // against 0.27); measured here, 0.14-0.35 ms in 10 runs of 12 (bench/RESULTS.md,
-        // issue 17, twenty-sixth session).
+        // off (2,000 objects over HTTP: 22,061 page faults and 0.45 s of CPU, where runs
+        // with huge pages took 6,500-8,300 faults); measured here, 0.14-0.35 ms in 10 runs
+        // of 12, 3.5 and 4.4 ms in the other two, which still chose huge pages
+        // (bench/RESULTS.md, issue 17, twenty-sixth session).
         (void)detail::offer_huge_pages();
         io_thread_ = std::thread([this] {
             {

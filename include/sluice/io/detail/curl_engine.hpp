@@ -4,14 +4,15 @@
 // the time and stays there.
 //
 // Why more than one: a lane's thread does every recv of its transfers and copies each
-// byte once into pooled buffers, so one lane is one core's worth of receiving (1.35 GB/s
-// of 100 KB objects on the bench VM, 1.5 x curl's own single thread). Where the rest of
-// a pipeline (collation, decode, TLS) needs more than the other cores, one thread would
-// set the pace. Lanes: half the CPUs the process may run on, at least 1 and at most 4, or
-// SLUICE_HTTP_THREADS (1-16) when set; read each time the engine starts. (Until the
-// twenty-sixth session of issue 17 one per CPU: on 2 CPUs the second lane once moved the
-// wall clock of 2,000 small objects from 0.81 to 0.98 x curl's, but once the receiving
-// cost less it only contended with the pipeline's threads: bench/RESULTS.md.)
+// byte once into pooled buffers, so one lane is at most one core's worth of receiving.
+// Where the receiving, with TLS or beside the rest of a pipeline (collation, decode),
+// needs more than a core, one thread sets the pace. Lanes: half the CPUs the process may
+// run on (rounded down), at least 1 and at most 4, or SLUICE_HTTP_THREADS (1-16) when
+// set; read each time the engine starts. Until the twenty-sixth session of issue 17 it
+// was one per CPU: on 2 CPUs a second lane then moved the wall clock of 2,000 small
+// objects from 0.81 to 0.98 x curl's. Now one lane costs less CPU on every row measured
+// and is faster over 20,000 objects and one 1 GiB object, but 7-12 % slower in wall time
+// over 2,000 objects in one pass (bench/RESULTS.md).
 //
 // Why a thread of its own rather than curl's socket callbacks on the Asio loop: driving
 // curl multi from Asio correctly needs each fd assigned once, one-shot waits re-armed only
@@ -216,13 +217,14 @@ public:
         return env_number("SLUICE_HTTP_DIRECT").value_or(4u << 20);
     }
     /// The lanes an engine starts with: SLUICE_HTTP_THREADS when it is 1-16, else half the
-    /// CPUs the process may run on (detail::usable_cpus), at least 1 and at most 4. A lane
-    /// shares the CPUs with the pipeline's own threads (the CPU pool has one per CPU, and
-    /// the I/O loop), and on 2 CPUs one lane both received faster and cost less than two:
-    /// 2,000 objects of 50-150 KB over plain HTTP, 0.318 s of CPU against 0.379 (curl
-    /// 0.31), 20,000 in one pass 1.67 s against 2.18 and 1.48 s of wall time against 1.77
-    /// (bench/RESULTS.md, issue 17, twenty-sixth session). Above 2 CPUs the half is a
-    /// choice, not a measurement: none of these VMs has more.
+    /// CPUs the process may run on (detail::usable_cpus, rounded down), at least 1 and at
+    /// most 4. A lane shares the CPUs with the pipeline's own threads (the CPU pool has one
+    /// per CPU, and the I/O loop). On 2 CPUs one lane cost 4-23 % less CPU than two on
+    /// every HTTP row measured (2,000 objects of 50-150 KB: 0.318 s against 0.379, curl
+    /// 0.31), and was faster over 20,000 objects in one pass (1.48 s against 1.77) and one
+    /// 1 GiB object, but 7-12 % slower in wall time over 2,000 objects in one pass, at
+    /// curl's rate (1.00-1.06 x); bench/RESULTS.md, issue 17, twenty-sixth session. Above
+    /// 2 CPUs the half is a choice, not a measurement: none of these VMs has more.
     static std::size_t default_lanes() {
         if (const auto n = env_number("SLUICE_HTTP_THREADS"); n && *n >= 1 && *n <= 16) return static_cast<std::size_t>(*n);
         return std::clamp<std::size_t>(usable_cpus() / 2, 1, 4);
