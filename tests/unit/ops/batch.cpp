@@ -597,102 +597,101 @@ TEST_CASE("an epoch's first group copied on arrival is sized from the last epoch
     for (std::size_t i = 0; i < n; ++i) REQUIRE(g2[i].data.view() == text(i));
 }
 
-TEST_CASE("a group copied on arrival waits a little for the last batch's buffer before it takes fresh memory", "[batch]") {
+namespace {
+// Objects of 100 KB joining groups of 64 (a batch of 6.4 MB) with the copy on arrival,
+// which waits `wait` for the last batch's buffer once a group's first eighth has joined.
+struct arrivals {
+    static constexpr std::size_t n = 64;
+    explicit arrivals(std::chrono::steady_clock::duration wait) : early(pool, &copied, wait) {}
+    static std::string text(std::uint64_t i) { return std::string(100'000, char('a' + i % 26)); }
+    // Objects join `group` until it holds `count`.
+    void fill(std::vector<sluice::record>& group, std::size_t count) {
+        for (std::size_t i = group.size(); i < count; ++i) {
+            group.push_back(sluice::record{sluice::bytes::copy_of(text(i)), s, i, 0});
+            early.add(group, n);
+        }
+    }
+    void check(const std::vector<sluice::record>& group) const {
+        for (std::size_t i = 0; i < n; ++i) REQUIRE(group[i].data.view() == text(i));
+    }
     std::shared_ptr<sluice::buffer_source> pool = sluice::buffer_pool::create(std::size_t{256} << 20);
     std::atomic<std::uint64_t> copied{0};
-    auto s = std::make_shared<const sluice::shard>(sluice::shard{"objects", 0, 0});
-    const std::size_t n = 64;  // 64 x 100 KB: a batch of 6.4 MB
-    auto object = [&](std::uint64_t i) {
-        return sluice::record{sluice::bytes::copy_of(std::string(100'000, char('a' + i % 26))), s, i, 0};
-    };
+    std::shared_ptr<const sluice::shard> s = std::make_shared<const sluice::shard>(sluice::shard{"objects", 0, 0});
+    sluice::detail::early_collation early;  // made last: it takes pool and copied
+};
+}  // namespace
+
+TEST_CASE("a group copied on arrival waits a little for the last batch's buffer before it takes fresh memory", "[batch]") {
     // How long a group waits once its first eighth has joined: none, or longer than any test
     // runs (then it waits until half the group has joined).
     const bool patient = GENERATE(false, true);
-    sluice::detail::early_collation early(pool, &copied,
-                                          patient ? std::chrono::steady_clock::duration(std::chrono::hours(1))
-                                                  : std::chrono::steady_clock::duration::zero());
-    auto fill = [&](std::vector<sluice::record>& group, std::size_t count) {
-        for (std::size_t i = group.size(); i < count; ++i) {
-            group.push_back(object(i));
-            early.add(group, n);
-        }
-    };
+    arrivals a(patient ? std::chrono::steady_clock::duration(std::chrono::hours(1))
+                       : std::chrono::steady_clock::duration::zero());
+    const std::size_t n = arrivals::n;
     // The first group has no last batch to wait for: copied from its first record.
     std::vector<sluice::record> g1;
-    fill(g1, n);
-    REQUIRE(copied == n);
-    auto b1 = early.take();
+    a.fill(g1, n);
+    REQUIRE(a.copied == n);
+    auto b1 = a.early.take();
     REQUIRE(b1 != nullptr);
     const std::byte* first = b1->data();
     SECTION("the last batch's buffer comes back while the group's first eighth arrives: it is reused") {
         std::vector<sluice::record> g2;
-        fill(g2, 3);
-        REQUIRE(copied == n);  // waiting: the last batch is still held
+        a.fill(g2, 3);
+        REQUIRE(a.copied == n);  // waiting: the last batch is still held
         b1.reset();
         g1.clear();  // its consumer lets it go
-        fill(g2, n);
-        REQUIRE(copied == 2 * n);  // the three that waited, then the rest
-        auto b2 = early.take();
+        a.fill(g2, n);
+        REQUIRE(a.copied == 2 * n);  // the three that waited, then the rest
+        auto b2 = a.early.take();
         REQUIRE(b2 != nullptr);
         REQUIRE(b2->data() == first);
-        for (std::size_t i = 0; i < n; ++i) REQUIRE(g2[i].data.view() == std::string(100'000, char('a' + i % 26)));
+        a.check(g2);
     }
     SECTION("the last batch is held longer: after the first eighth and the wait, or half the group, fresh memory") {
         std::vector<sluice::record> g2;
-        fill(g2, n / 8 - 1);
-        REQUIRE(copied == n);
-        fill(g2, n / 8);
+        a.fill(g2, n / 8 - 1);
+        REQUIRE(a.copied == n);
+        a.fill(g2, n / 8);
         if (!patient) {
-            REQUIRE(copied == n + n / 8);
+            REQUIRE(a.copied == n + n / 8);
         } else {
-            REQUIRE(copied == n);  // the wait has not passed
-            fill(g2, n / 2 - 1);
-            REQUIRE(copied == n);
-            fill(g2, n / 2);
-            REQUIRE(copied == n + n / 2);
+            REQUIRE(a.copied == n);  // the wait has not passed
+            a.fill(g2, n / 2 - 1);
+            REQUIRE(a.copied == n);
+            a.fill(g2, n / 2);
+            REQUIRE(a.copied == n + n / 2);
         }
-        fill(g2, n);
-        auto b2 = early.take();
+        a.fill(g2, n);
+        auto b2 = a.early.take();
         REQUIRE(b2 != nullptr);
         REQUIRE(b2->data() != first);
-        for (std::size_t i = 0; i < n; ++i) REQUIRE(g2[i].data.view() == std::string(100'000, char('a' + i % 26)));
+        a.check(g2);
     }
 }
 
 TEST_CASE("a group copied on arrival times its wait from its own first record", "[batch]") {
-    std::shared_ptr<sluice::buffer_source> pool = sluice::buffer_pool::create(std::size_t{256} << 20);
-    std::atomic<std::uint64_t> copied{0};
-    auto s = std::make_shared<const sluice::shard>(sluice::shard{"objects", 0, 0});
-    const std::size_t n = 64;
-    auto object = [&](std::uint64_t i) {
-        return sluice::record{sluice::bytes::copy_of(std::string(100'000, char('a' + i % 26))), s, i, 0};
-    };
     const auto wait = std::chrono::milliseconds(500);
-    sluice::detail::early_collation early(pool, &copied, wait);
-    auto fill = [&](std::vector<sluice::record>& group, std::size_t count) {
-        for (std::size_t i = group.size(); i < count; ++i) {
-            group.push_back(object(i));
-            early.add(group, n);
-        }
-    };
+    arrivals a(wait);
+    const std::size_t n = arrivals::n;
     std::vector<sluice::record> g1;
-    fill(g1, n);
-    auto b1 = early.take();  // held by its consumer throughout
+    a.fill(g1, n);
+    auto b1 = a.early.take();  // held by its consumer throughout
     REQUIRE(b1 != nullptr);
-    // Longer than the wait passes after the engine was made and after the last group
+    // Longer than the wait passes after the collator was made and after the last group
     // ended: neither starts this group's clock, its first record does.
     std::this_thread::sleep_for(wait + std::chrono::milliseconds(100));
     std::vector<sluice::record> g2;
-    fill(g2, n / 8);
-    REQUIRE(copied == n);  // an eighth, but the wait has not passed since its first record
+    a.fill(g2, n / 8);
+    REQUIRE(a.copied == n);  // an eighth, but the wait has not passed since its first record
     std::this_thread::sleep_for(wait + std::chrono::milliseconds(100));
-    fill(g2, n / 8 + 1);
-    REQUIRE(copied == n + n / 8 + 1);  // now it has: fresh memory, the waiting records copied
-    fill(g2, n);
-    auto b2 = early.take();
+    a.fill(g2, n / 8 + 1);
+    REQUIRE(a.copied == n + n / 8 + 1);  // now it has: fresh memory, the waiting records copied
+    a.fill(g2, n);
+    auto b2 = a.early.take();
     REQUIRE(b2 != nullptr);
     REQUIRE(b2->data() != b1->data());
-    for (std::size_t i = 0; i < n; ++i) REQUIRE(g2[i].data.view() == std::string(100'000, char('a' + i % 26)));
+    a.check(g2);
 }
 
 TEST_CASE("a group copied on arrival takes no memory for records that share their bytes: the pool's buffer stays for "
