@@ -319,10 +319,7 @@ public:
             // second buffer, once 0.14 ms after the last batch went, its buffer back 0.5
             // ms later (0.2-2 ms in other runs; bench/RESULTS.md, issue 17, twenty-sixth
             // session). Not below the sizes a pool keeps (none would come back).
-            if (!timing_) {  // this group's first record (take() starts the next group)
-                timing_ = true;
-                first_joined_ = std::chrono::steady_clock::now();
-            }
+            if (!buf_ && !waiting_since_) waiting_since_ = std::chrono::steady_clock::now();  // cleared by take()
             if (!buf_ && last_ >= buffer_pool::min_pooled && !waited_enough(group.size(), n)) return;
             if (!buf_) buf_ = mem_->allocate_varying(want);
             // Sized from the last whole group (ragged records or an epoch's last group may
@@ -357,7 +354,7 @@ public:
         buf_.reset();
         used_ = 0;
         off_ = false;
-        timing_ = false;
+        waiting_since_.reset();
         return b;
     }
 
@@ -366,7 +363,7 @@ private:
     // batch's buffer (see add).
     bool waited_enough(std::size_t size, std::size_t n) const {
         if (size >= std::max<std::size_t>(1, n / 2)) return true;
-        return size >= std::max<std::size_t>(1, n / 8) && std::chrono::steady_clock::now() - first_joined_ >= wait_;
+        return size >= std::max<std::size_t>(1, n / 8) && std::chrono::steady_clock::now() - *waiting_since_ >= wait_;
     }
     // Whether the record alone holds a buffer of its own (not a slice of a shared chunk,
     // not a mapped file), the records copied on arrival. Empty records hold none and pass.
@@ -416,9 +413,10 @@ private:
     std::shared_ptr<buffer> buf_;
     std::size_t used_ = 0, last_ = 0;  // last_: the bytes of the last whole group (else the first)
     std::chrono::steady_clock::duration wait_ = wait_for_last;
-    std::chrono::steady_clock::time_point first_joined_;  // when this group's first record joined
-    bool timing_ = false;                                 // first_joined_ is this group's
-    bool whole_ = false;                                  // this group has reached the batch size
+    // When this group began to wait for the last batch's buffer: at its first record, which
+    // found none kept; none while it has a buffer.
+    std::optional<std::chrono::steady_clock::time_point> waiting_since_;
+    bool whole_ = false;  // this group has reached the batch size
     bool off_ = false;
     bool stream_ = false;  // copy_in writes with streaming stores
 };
