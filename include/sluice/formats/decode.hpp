@@ -110,7 +110,8 @@ struct selecting {
     }
 };
 template <class Out, class D>
-task<void> decode_worker(stage_context<chunk, Out>& ctx, D d) {
+task<void> decode_worker(stage_context<chunk, Out>& ctx, D d, bool on_io = false) {
+    if (on_io) co_await switch_to{ctx.rt.executor_for(pool::io)};  // format_defaults::hands_on
     std::vector<Out> outs;
     while (auto c = co_await ctx.in.next()) {
         std::exception_ptr failed;
@@ -216,11 +217,24 @@ struct format_defaults {
     /// that collates them, the reader before it may leave the rest to that batch
     /// (detail::headers_only_after).
     bool reads_headers_only = false;
+    /// Its work per chunk is mostly handing it on (raw: an object that comes whole, or as
+    /// mapped windows laid end to end, goes on as it is): where its records go straight to
+    /// a batch that collates them (through shuffles only; records_checked_after) and no
+    /// gunzip stage comes before it, its worker runs on the I/O loop, where fetch and read
+    /// deliver chunks, so a record crosses threads once on its way to the batch, not
+    /// twice. Each crossing may wake a sleeping pool thread (a futex call and a context
+    /// switch): 2,000 objects over HTTP into batches of 256 made 1,829-2,005 context
+    /// switches with raw on the pool and 362-509 with it on the loop, at 4 % less CPU
+    /// (medians of alternated runs). Not before image decoding or a user's map: 4,000
+    /// JPEGs from nginx went 4 % slower with raw on the loop (bench/RESULTS.md, issue 17,
+    /// twenty-seventh session).
+    bool hands_on = false;
 };
 
 /// A format stage: `make(policy)` gives the decoder (`void d(chunk&&, std::vector<Out>&)`,
-/// keeping one state per shard), run on one CPU worker (a shard's chunks must meet one
-/// decoder in order), after a gunzip stage unless the gzip option is compression::none.
+/// keeping one state per shard), run by one worker (a shard's chunks must meet one decoder
+/// in order) on the CPU pool (or the I/O loop: format_defaults::hands_on), after a gunzip
+/// stage unless the gzip option is compression::none.
 template <class Out, class Make>
 stage<chunk, Out> format_stage(std::string name, decode_options o, format_defaults d, Make make);
 
@@ -286,12 +300,15 @@ stage<chunk, Out> detail::format_stage(std::string name, decode_options o, forma
     // may leave their data checksum to it (TFRecord: parse_policy::defer_data_crc).
     struct format_run {
         bool defer_data_crc = false;
+        bool on_io = false;  // format_defaults::hands_on
     };
     auto setup = [defers = d.defers_data_crc && o.verify && o.on_corrupt == on_corrupt::error,
-                  headers = d.reads_headers_only, crc = d.defers_data_crc && o.verify](stage_setup& s) {
+                  headers = d.reads_headers_only, crc = d.defers_data_crc && o.verify,
+                  on_io = d.hands_on && gz == compression::none](stage_setup& s) {
         auto st = std::make_shared<format_run>();
         const bool checked = records_checked_after(s.internal.run, s.internal.at);
         st->defer_data_crc = defers && checked;
+        st->on_io = on_io && checked;
         if (headers && checked && (!crc || st->defer_data_crc)) note_headers_only(s.internal.run, s.internal.at);
         return st;
     };
@@ -312,7 +329,7 @@ stage<chunk, Out> detail::format_stage(std::string name, decode_options o, forma
                 pol->required = o.required;
             }
             using D = decltype(make(std::shared_ptr<const parse_policy>(pol)));
-            return decode_worker(ctx, selecting<D>{make(std::move(pol)), {}});
+            return decode_worker(ctx, selecting<D>{make(std::move(pol)), {}}, run.on_io);
         },
         /*counts_records=*/true);
     // Plan may count records with this decoder's numbering (formats/detail/counting.hpp).

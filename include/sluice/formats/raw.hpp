@@ -121,6 +121,9 @@ private:
 /// its chunks arrive, each chunk given back at once), so give read() a chunk_size above
 /// your typical object size. Bytes are given as stored unless `.gzip` says otherwise
 /// (or put sluice::gunzip() before raw()).
+/// Runs on the CPU pool, or on the I/O loop where its records go straight to a batch
+/// (format_defaults::hands_on): an object assembled there is copied on the loop, one chunk
+/// at a time as it arrives.
 /// Backpressure: per file in flight, the object being assembled, of at most
 /// `.max_record_bytes` (its "held_bytes" counter shows it), plus the output channel
 /// ({64, 256 MiB} by default; a record larger than its byte budget still passes, alone).
@@ -137,7 +140,8 @@ private:
 ///          `... | sluice::raw({.max_record_bytes = std::size_t{3} << 30})` for objects up to 3 GiB.
 template <class = void>  // compiled only where used (see make_stage)
 stage<chunk, record> raw(decode_options o = {}) {
-    return detail::format_stage<record>("raw", std::move(o), {.gzip = compression::none, .out = {64, 256u << 20}, .reads_headers_only = true},
+    return detail::format_stage<record>("raw", std::move(o),
+                                        {.gzip = compression::none, .out = {64, 256u << 20}, .reads_headers_only = true, .hands_on = true},
                                         [](std::shared_ptr<const detail::parse_policy> pol) {
                                             return detail::raw_decoder(std::move(pol));
                                         });

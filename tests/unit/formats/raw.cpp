@@ -5,7 +5,14 @@
 
 #include <sluice/core/pipeline.hpp>
 #include <sluice/io/local.hpp>
+#include <sluice/ops/batch.hpp>
 #include <sluice/ops/from.hpp>
+#include <sluice/ops/map.hpp>
+#include <sluice/ops/shuffle.hpp>
+
+#include <pthread.h>
+
+#include <set>
 
 TEST_CASE("one record per file: whole in one chunk without a copy, assembled otherwise", "[raw]") {
     sluice_test::temp_dir d;
@@ -140,4 +147,55 @@ TEST_CASE("raw: options as the other formats take them, and gzip only when asked
     REQUIRE(e.error.starts_with("sluice: object of "));
     REQUIRE(e.error.ends_with("over the limit of 50000 bytes (raise it with max_record_bytes) in '" + big +
                               "' at byte 0 of the uncompressed stream"));
+}
+
+TEST_CASE("raw runs on the I/O loop where its records go straight to a batch, on the CPU pool otherwise", "[raw]") {
+    // A format stage built as raw is (format_defaults::hands_on), whose decoder notes the
+    // thread it runs on before it hands the chunk to raw's.
+    auto src = std::make_shared<const sluice::shard>(sluice::shard{"http://host/obj.bin", 0, 0});
+    const auto body = sluice::bytes::copy_of(std::string(1000, 'r'));
+    const std::vector<sluice::chunk> chunks{{src, 0, body, false, false}, {src, body.size(), {}, true, false}};
+    using names = std::set<std::string>;
+    auto noting = [](std::shared_ptr<names> seen, sluice::decode_options o) {
+        return sluice::detail::format_stage<sluice::record>(
+            "raw", std::move(o), {.gzip = sluice::compression::none, .hands_on = true},
+            [seen](std::shared_ptr<const sluice::detail::parse_policy> pol) {
+                return [seen, raw = sluice::detail::raw_decoder(std::move(pol))](sluice::chunk&& c,
+                                                                               std::vector<sluice::record>& out) mutable {
+                    char name[16] = {};
+                    ::pthread_getname_np(::pthread_self(), name, sizeof name);
+                    seen->insert(name);  // one worker: one call at a time
+                    raw(std::move(c), out);
+                };
+            });
+    };
+    auto records_of = [](auto&& pipe) {
+        std::size_t n = 0;
+        for (auto& b : sluice::pipeline(std::move(pipe))) n += b.size();
+        return n;
+    };
+    SECTION("straight to a batch, and through a shuffle to one: the I/O loop") {
+        auto seen = std::make_shared<names>();
+        REQUIRE(records_of(sluice::from(chunks) | noting(seen, {}) | sluice::batch({.size = 2})) == 1);
+        REQUIRE(*seen == names{"sluice-io"});
+        seen->clear();
+        REQUIRE(records_of(sluice::from(chunks) | noting(seen, {}) | sluice::shuffle({.buffer = 4, .seed = 1}) |
+                           sluice::batch({.size = 2})) == 1);
+        REQUIRE(*seen == names{"sluice-io"});
+    }
+    SECTION("before a map, after a gunzip stage, or at the pipeline's end: the CPU pool") {
+        auto seen = std::make_shared<names>();
+        REQUIRE(records_of(sluice::from(chunks) | noting(seen, {}) | sluice::map([](sluice::record r) { return r; }) |
+                           sluice::batch({.size = 2})) == 1);
+        REQUIRE(*seen == names{"sluice-cpu"});
+        seen->clear();
+        REQUIRE(records_of(sluice::from(chunks) | noting(seen, {.gzip = sluice::compression::detect}) |
+                           sluice::batch({.size = 2})) == 1);
+        REQUIRE(*seen == names{"sluice-cpu"});
+        seen->clear();
+        std::size_t n = 0;
+        for (auto& r : sluice::pipeline(sluice::from(chunks) | noting(seen, {}))) n += r.data.size();
+        REQUIRE(n == 1000);
+        REQUIRE(*seen == names{"sluice-cpu"});
+    }
 }
