@@ -486,7 +486,10 @@ private:
         std::vector<std::shared_ptr<buffer_source>> memory(links.size());
         std::vector<std::shared_ptr<void>> states(links.size());
         std::vector<unsigned> workers(links.size());  // each stage's workers to start
-        for (std::size_t i = 0; i < links.size(); ++i) workers[i] = std::max(1u, links[i]->opts.concurrency);
+        for (std::size_t i = 0; i < links.size(); ++i) {
+            workers[i] = std::max(1u, links[i]->opts.concurrency);
+            detail::note_delivers_on_loop(r->env.run.get(), i, links[i]->opts.on == pool::io);
+        }
         for (std::size_t i = links.size(); i-- > 0;) {
             if (!links[i]->setup) continue;
             stage_setup s{*r->rt};

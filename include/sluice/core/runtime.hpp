@@ -1,7 +1,8 @@
 #pragma once
 // sluice::runtime: the two executors every pipeline runs on.
 //   - the I/O loop: one thread running an asio::io_context; network and file I/O stages
-//     run here (no thread per request);
+//     run here (no thread per request), and raw() where it only hands records on to a
+//     batch (format_defaults::hands_on);
 //   - the CPU pool: an asio::thread_pool for parsing, user maps and collation.
 // A pipeline owns its runtime. Shutdown order matters: the pipeline first makes every
 // stage worker finish, then calls join(), so no coroutine is left suspended on an

@@ -472,6 +472,29 @@ inline void note_record_checks(run_state* run, std::size_t at, bool checks) {
     std::lock_guard lock(h->m);
     h->at[at] = checks;
 }
+/// Which stages hand their items over on the I/O loop: the pipeline notes each stage's
+/// `.on` before the setups, and a stage whose items come from elsewhere at times says so
+/// at setup (fetch with a cache reads its hits on the CPU pool). For a stage that runs
+/// where its input arrives (format_defaults::hands_on).
+struct loop_deliverers {
+    std::mutex m;
+    std::map<std::size_t, bool> at;
+};
+inline void note_delivers_on_loop(run_state* run, std::size_t at, bool on_loop) {
+    if (!run) return;
+    auto h = run->slot<loop_deliverers>("loop_deliverers");
+    std::lock_guard lock(h->m);
+    h->at[at] = on_loop;
+}
+/// Whether the stage at `at` hands its items over on the I/O loop (false when unknown).
+inline bool delivers_on_loop(run_state* run, std::size_t at) {
+    if (!run) return false;
+    auto h = run->slot<loop_deliverers>("loop_deliverers");
+    std::lock_guard lock(h->m);
+    auto it = h->at.find(at);
+    return it != h->at.end() && it->second;
+}
+
 /// Whether the records a stage at `at` gives reach, untouched, one that checks them.
 inline bool records_checked_after(run_state* run, std::size_t at) {
     if (!run) return false;

@@ -180,7 +180,8 @@ struct tuned_setting {
 struct pipeline_figures {
     double seconds = 0;
     /// CPU seconds used by the runtime's I/O loop thread (runtime::io_cpu_seconds()): its
-    /// busy time. The loop only waits for readiness, so this is a small share of `seconds`.
+    /// busy time. The loop waits for readiness and hands on raw()'s records where they go
+    /// straight to a batch (format_defaults::hands_on), so this is a small share of `seconds`.
     double io_loop_cpu_s = 0;
     std::vector<stage_figures> stages;  // the last one is "consumer"
     /// With pipeline_options::tune: every change the tuner made, and its settings now.

@@ -37,7 +37,8 @@ struct decode_options {
     /// holds meanwhile is in its "held_bytes" and "held_bytes_peak" counters.
     std::size_t max_record_bytes = std::size_t{1} << 30;
     /// Called for each corruption skipped under on_corrupt::skip (on the stage's worker
-    /// thread), with the error that would have been thrown: to log what was lost.
+    /// thread: the I/O loop's for raw() where it runs there, format_defaults::hands_on, so
+    /// keep it short), with the error that would have been thrown: to log what was lost.
     std::function<void(const source_error&)> on_skip = nullptr;
     /// Capacity of the output channel, in records and bytes. Left at {0, 0} (`items` 0):
     /// the format's default, {1024, 64 MiB}, except raw(): {64, 256 MiB}.
@@ -109,11 +110,33 @@ struct selecting {
                                              std::to_string(src->records) + " (counts made from other data?):");
     }
 };
+/// Where a hands_on format's worker may run on the I/O loop (format_defaults::hands_on):
+/// `wanted` (its records go straight to a batch), if the stage at `from` (the one before
+/// it) delivers there, as known once every stage's setup has run.
+struct loop_hint {
+    bool wanted = false;
+    run_state* run = nullptr;
+    std::size_t from = 0;
+};
+// Whether the decoder will copy `c` into an object it assembles (decoders that cannot
+// say: yes).
+template <class D>
+bool assembles(const D& d, const chunk& c) {
+    if constexpr (requires { d.d.assembles(c); })
+        return d.d.assembles(c);
+    else
+        return true;
+}
 template <class Out, class D>
-task<void> decode_worker(stage_context<chunk, Out>& ctx, D d, bool on_io = false) {
-    if (on_io) co_await switch_to{ctx.rt.executor_for(pool::io)};  // format_defaults::hands_on
+task<void> decode_worker(stage_context<chunk, Out>& ctx, D d, loop_hint loop = {}) {
+    bool on_loop = loop.wanted && delivers_on_loop(loop.run, loop.from);
+    if (on_loop) co_await switch_to{ctx.rt.executor_for(pool::io)};
     std::vector<Out> outs;
     while (auto c = co_await ctx.in.next()) {
+        if (on_loop && assembles(d, *c)) {  // copies belong on the pool: the rest of the run goes there
+            co_await switch_to{ctx.rt.executor_for(pool::cpu)};
+            on_loop = false;
+        }
         std::exception_ptr failed;
         const bytes seen = c->data.file() ? c->data : bytes{};  // a mapped file's window: checked once parsed
         try {
@@ -219,12 +242,14 @@ struct format_defaults {
     bool reads_headers_only = false;
     /// Its work per chunk is mostly handing it on (raw: an object that comes whole, or as
     /// mapped windows laid end to end, goes on as it is): where its records go straight to
-    /// a batch that collates them (through shuffles only; records_checked_after) and no
-    /// gunzip stage comes before it, its worker runs on the I/O loop, where fetch and read
-    /// deliver chunks, so a record crosses threads once on its way to the batch, not
-    /// twice. Each crossing may wake a sleeping pool thread (a futex call and a context
-    /// switch): 2,000 objects over HTTP into batches of 256 made 1,829-2,005 context
-    /// switches with raw on the pool and 362-509 with it on the loop, at 4 % less CPU
+    /// a batch that collates them (through shuffles only; records_checked_after) and the
+    /// stage before it hands its chunks over on the I/O loop (delivers_on_loop: read on the
+    /// loop, fetch without a cache, from; not a gunzip stage), its worker runs there too,
+    /// so a record crosses threads once on its way to the batch, not twice. At the first
+    /// chunk it would copy into an object being assembled (the decoder's `assembles`), it
+    /// moves to the CPU pool for the rest of the run: copies are not the loop's work. Each crossing may wake a sleeping pool thread (a futex call and a context
+    /// switch): 2,000 objects over HTTP into batches of 256 made 1,829-2,194 context
+    /// switches with raw on the pool and 362-509 with it on the loop, at 4-5 % less CPU
     /// (medians of alternated runs). Not before image decoding or a user's map: 4,000
     /// JPEGs from nginx went 4 % slower with raw on the loop (bench/RESULTS.md, issue 17,
     /// twenty-seventh session).
@@ -300,7 +325,7 @@ stage<chunk, Out> detail::format_stage(std::string name, decode_options o, forma
     // may leave their data checksum to it (TFRecord: parse_policy::defer_data_crc).
     struct format_run {
         bool defer_data_crc = false;
-        bool on_io = false;  // format_defaults::hands_on
+        loop_hint loop;  // format_defaults::hands_on
     };
     auto setup = [defers = d.defers_data_crc && o.verify && o.on_corrupt == on_corrupt::error,
                   headers = d.reads_headers_only, crc = d.defers_data_crc && o.verify,
@@ -308,7 +333,7 @@ stage<chunk, Out> detail::format_stage(std::string name, decode_options o, forma
         auto st = std::make_shared<format_run>();
         const bool checked = records_checked_after(s.internal.run, s.internal.at);
         st->defer_data_crc = defers && checked;
-        st->on_io = on_io && checked;
+        st->loop = {on_io && checked, s.internal.run, s.internal.at ? s.internal.at - 1 : 0};
         if (headers && checked && (!crc || st->defer_data_crc)) note_headers_only(s.internal.run, s.internal.at);
         return st;
     };
@@ -329,7 +354,7 @@ stage<chunk, Out> detail::format_stage(std::string name, decode_options o, forma
                 pol->required = o.required;
             }
             using D = decltype(make(std::shared_ptr<const parse_policy>(pol)));
-            return decode_worker(ctx, selecting<D>{make(std::move(pol)), {}}, run.on_io);
+            return decode_worker(ctx, selecting<D>{make(std::move(pol)), {}}, run.loop);
         },
         /*counts_records=*/true);
     // Plan may count records with this decoder's numbering (formats/detail/counting.hpp).

@@ -103,6 +103,13 @@ public:
         if (c.last) states_.erase(it);
     }
 
+    /// Whether `c` may be copied into an object being assembled rather than kept as it is:
+    /// bytes after an object's first chunk, unless they are a mapped window (which joins
+    /// the last in place when laid end to end). An object's first chunk and an empty last
+    /// one (as fetch sends a whole object) are kept. decode_worker moves the stage off the
+    /// I/O loop at the first such chunk (format_defaults::hands_on).
+    bool assembles(const chunk& c) const noexcept { return c.offset != 0 && !c.data.empty() && !c.data.file(); }
+
 private:
     // The slices kept so far, copied into the block being assembled.
     static void assemble_parts(state& st, std::size_t lim) {
@@ -121,9 +128,9 @@ private:
 /// its chunks arrive, each chunk given back at once), so give read() a chunk_size above
 /// your typical object size. Bytes are given as stored unless `.gzip` says otherwise
 /// (or put sluice::gunzip() before raw()).
-/// Runs on the CPU pool, or on the I/O loop where its records go straight to a batch
-/// (format_defaults::hands_on): an object assembled there is copied on the loop, one chunk
-/// at a time as it arrives.
+/// Runs on the CPU pool, or on the I/O loop where its records go straight to a batch and
+/// its chunks come from there (format_defaults::hands_on), until an object must be
+/// assembled: the stage then moves to the pool for the rest of the run.
 /// Backpressure: per file in flight, the object being assembled, of at most
 /// `.max_record_bytes` (its "held_bytes" counter shows it), plus the output channel
 /// ({64, 256 MiB} by default; a record larger than its byte budget still passes, alone).

@@ -133,6 +133,7 @@ stage<shard, chunk> fetch(fetch_options o = {}) {
         [o](stage_setup& s) {
             auto run = detail::make_fetch_run(o, s.internal.knobs, s.internal.shares);
             detail::offer_remote_access(s, run, o);  // for plan's record counting
+            if (run->cache) detail::note_delivers_on_loop(s.internal.run, s.internal.at, false);  // hits: read on the pool
             return run;
         },
         [o](stage_context<shard, chunk>& ctx, detail::fetch_run& run) { return detail::fetch_worker(ctx, run, o); });

@@ -12,8 +12,6 @@
 
 #include <pthread.h>
 
-#include <set>
-
 TEST_CASE("one record per file: whole in one chunk without a copy, assembled otherwise", "[raw]") {
     sluice_test::temp_dir d;
     const std::string big(10'000, 'b');
@@ -149,53 +147,66 @@ TEST_CASE("raw: options as the other formats take them, and gzip only when asked
                               "' at byte 0 of the uncompressed stream"));
 }
 
-TEST_CASE("raw runs on the I/O loop where its records go straight to a batch, on the CPU pool otherwise", "[raw]") {
-    // A format stage built as raw is (format_defaults::hands_on), whose decoder notes the
-    // thread it runs on before it hands the chunk to raw's.
-    auto src = std::make_shared<const sluice::shard>(sluice::shard{"http://host/obj.bin", 0, 0});
-    const auto body = sluice::bytes::copy_of(std::string(1000, 'r'));
-    const std::vector<sluice::chunk> chunks{{src, 0, body, false, false}, {src, body.size(), {}, true, false}};
-    using names = std::set<std::string>;
-    auto noting = [](std::shared_ptr<names> seen, sluice::decode_options o) {
-        return sluice::detail::format_stage<sluice::record>(
-            "raw", std::move(o), {.gzip = sluice::compression::none, .hands_on = true},
-            [seen](std::shared_ptr<const sluice::detail::parse_policy> pol) {
-                return [seen, raw = sluice::detail::raw_decoder(std::move(pol))](sluice::chunk&& c,
-                                                                               std::vector<sluice::record>& out) mutable {
-                    char name[16] = {};
-                    ::pthread_getname_np(::pthread_self(), name, sizeof name);
-                    seen->insert(name);  // one worker: one call at a time
-                    raw(std::move(c), out);
-                };
-            });
+TEST_CASE("raw runs on the I/O loop where its chunks arrive there and its records go straight to a batch", "[raw]") {
+    // Where raw's worker runs, seen from the thread that calls its on_skip: an object over
+    // max_record_bytes is skipped on the worker's thread.
+    auto object = [](const std::string& name, std::string body) {
+        auto src = std::make_shared<const sluice::shard>(sluice::shard{"http://host/" + name, 0, 0});
+        const auto b = sluice::bytes::copy_of(body);
+        return std::vector<sluice::chunk>{{src, 0, b, false, false}, {src, b.size(), {}, true, false}};  // as fetch sends it
+    };
+    auto over = object("over", std::string(200, 'o')), fits = object("fits", std::string(50, 'f'));
+    std::vector<sluice::chunk> chunks = over;
+    chunks.insert(chunks.end(), fits.begin(), fits.end());
+    using names = std::vector<std::string>;
+    auto noting_raw = [](std::shared_ptr<names> seen) {
+        return sluice::raw({.on_corrupt = sluice::on_corrupt::skip, .max_record_bytes = 100, .on_skip = [seen](const sluice::source_error&) {
+                                char name[16] = {};
+                                ::pthread_getname_np(::pthread_self(), name, sizeof name);
+                                seen->push_back(name);  // one worker: one call at a time
+                            }});
     };
     auto records_of = [](auto&& pipe) {
         std::size_t n = 0;
         for (auto& b : sluice::pipeline(std::move(pipe))) n += b.size();
         return n;
     };
-    SECTION("straight to a batch, and through a shuffle to one: the I/O loop") {
+    SECTION("from a stage on the loop, straight to a batch or through a shuffle to one: the loop") {
         auto seen = std::make_shared<names>();
-        REQUIRE(records_of(sluice::from(chunks) | noting(seen, {}) | sluice::batch({.size = 2})) == 1);
+        REQUIRE(records_of(sluice::from(chunks) | noting_raw(seen) | sluice::batch({.size = 2})) == 1);
         REQUIRE(*seen == names{"sluice-io"});
         seen->clear();
-        REQUIRE(records_of(sluice::from(chunks) | noting(seen, {}) | sluice::shuffle({.buffer = 4, .seed = 1}) |
+        REQUIRE(records_of(sluice::from(chunks) | noting_raw(seen) | sluice::shuffle({.buffer = 4, .seed = 1}) |
                            sluice::batch({.size = 2})) == 1);
         REQUIRE(*seen == names{"sluice-io"});
     }
-    SECTION("before a map, after a gunzip stage, or at the pipeline's end: the CPU pool") {
+    SECTION("before a map, after a gunzip stage (on the pool), or at the pipeline's end: the pool") {
         auto seen = std::make_shared<names>();
-        REQUIRE(records_of(sluice::from(chunks) | noting(seen, {}) | sluice::map([](sluice::record r) { return r; }) |
+        REQUIRE(records_of(sluice::from(chunks) | noting_raw(seen) | sluice::map([](sluice::record r) { return r; }) |
                            sluice::batch({.size = 2})) == 1);
         REQUIRE(*seen == names{"sluice-cpu"});
         seen->clear();
-        REQUIRE(records_of(sluice::from(chunks) | noting(seen, {.gzip = sluice::compression::detect}) |
-                           sluice::batch({.size = 2})) == 1);
+        REQUIRE(records_of(sluice::from(chunks) | sluice::gunzip() | noting_raw(seen) | sluice::batch({.size = 2})) == 1);
         REQUIRE(*seen == names{"sluice-cpu"});
         seen->clear();
         std::size_t n = 0;
-        for (auto& r : sluice::pipeline(sluice::from(chunks) | noting(seen, {}))) n += r.data.size();
-        REQUIRE(n == 1000);
+        for (auto& r : sluice::pipeline(sluice::from(chunks) | noting_raw(seen))) n += r.data.size();
+        REQUIRE(n == 50);
         REQUIRE(*seen == names{"sluice-cpu"});
+    }
+    SECTION("an object assembled from several chunks moves the stage to the pool for the rest of the run") {
+        auto src = std::make_shared<const sluice::shard>(sluice::shard{"http://host/two-chunks", 0, 0});
+        const auto a = sluice::bytes::copy_of(std::string(60, 'a')), b = sluice::bytes::copy_of(std::string(30, 'b'));
+        std::vector<sluice::chunk> in = over;  // skipped on the loop
+        in.push_back({src, 0, a, false, false});
+        in.push_back({src, 60, b, true, false});  // copied into the object: from here on, the pool
+        in.insert(in.end(), over.begin(), over.end());  // skipped on the pool
+        auto seen = std::make_shared<names>();
+        std::vector<std::string> got;
+        for (auto& batch : sluice::pipeline(sluice::from(in) | noting_raw(seen) | sluice::batch({.size = 4})))
+            for (std::size_t i = 0; i < batch.size(); ++i)
+                got.emplace_back(reinterpret_cast<const char*>(batch[i].data()), batch[i].size());
+        REQUIRE(got == std::vector<std::string>{std::string(60, 'a') + std::string(30, 'b')});
+        REQUIRE(*seen == names{"sluice-io", "sluice-cpu"});
     }
 }
