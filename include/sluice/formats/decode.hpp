@@ -115,7 +115,6 @@ struct selecting {
 /// it) delivers there, as known once every stage's setup has run.
 struct loop_hint {
     bool wanted = false;
-    run_state* run = nullptr;
     std::size_t from = 0;
 };
 // Whether the decoder will copy `c` into an object it assembles (decoders that cannot
@@ -129,7 +128,7 @@ bool assembles(const D& d, const chunk& c) {
 }
 template <class Out, class D>
 task<void> decode_worker(stage_context<chunk, Out>& ctx, D d, loop_hint loop = {}) {
-    bool on_loop = loop.wanted && delivers_on_loop(loop.run, loop.from);
+    bool on_loop = loop.wanted && delivers_on_loop(ctx.internal.run, loop.from);
     if (on_loop) co_await switch_to{ctx.rt.executor_for(pool::io)};
     std::vector<Out> outs;
     while (auto c = co_await ctx.in.next()) {
@@ -247,12 +246,13 @@ struct format_defaults {
     /// loop, fetch without a cache, from; not a gunzip stage), its worker runs there too,
     /// so a record crosses threads once on its way to the batch, not twice. At the first
     /// chunk it would copy into an object being assembled (the decoder's `assembles`), it
-    /// moves to the CPU pool for the rest of the run: copies are not the loop's work. Each crossing may wake a sleeping pool thread (a futex call and a context
-    /// switch): 2,000 objects over HTTP into batches of 256 made 1,829-2,194 context
-    /// switches with raw on the pool and 362-509 with it on the loop, at 4-5 % less CPU
-    /// (medians of alternated runs). Not before image decoding or a user's map: 4,000
-    /// JPEGs from nginx went 4 % slower with raw on the loop (bench/RESULTS.md, issue 17,
-    /// twenty-seventh session).
+    /// moves to the CPU pool for the rest of the run: copies are not the loop's work.
+    /// Each crossing may wake a sleeping pool thread (a futex call and a context switch):
+    /// 2,000 objects over HTTP into batches of 256 made 1,829-2,194 context switches with
+    /// raw on the pool and 362-509 with it on the loop, at 4-5 % less CPU (medians of
+    /// alternated runs). Not before image decoding or a user's map: 4,000 JPEGs from nginx
+    /// went 4 % slower with raw on the loop (bench/RESULTS.md, issue 17, twenty-seventh
+    /// session).
     bool hands_on = false;
 };
 
@@ -333,7 +333,7 @@ stage<chunk, Out> detail::format_stage(std::string name, decode_options o, forma
         auto st = std::make_shared<format_run>();
         const bool checked = records_checked_after(s.internal.run, s.internal.at);
         st->defer_data_crc = defers && checked;
-        st->loop = {on_io && checked, s.internal.run, s.internal.at ? s.internal.at - 1 : 0};
+        st->loop = {on_io && checked, s.internal.at ? s.internal.at - 1 : 0};
         if (headers && checked && (!crc || st->defer_data_crc)) note_headers_only(s.internal.run, s.internal.at);
         return st;
     };
