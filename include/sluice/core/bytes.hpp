@@ -138,18 +138,22 @@ inline bool balloon_reports_free_pages(const char* devices = "/sys/bus/virtio/de
 }
 /// What faulting in fresh memory costs on this machine now: seconds to write 2 MiB offered
 /// a transparent huge page, the greater of two such pages, and to write 2 MiB of 4 KiB
-/// pages, taken as twice the lesser of two writes of 1 MiB (one store per 4 KiB, as a
-/// batch's copy first touches it). Each pick leans against huge pages: one huge page the
-/// host still backs (freed by a process just before) or a thread preempted while it writes
-/// 4 KiB pages could make them look cheaper than they are. About 6-9 ms on a VM where
-/// 4 KiB pages cost 2.7 s/GiB, once a process. Zeros where the memory cannot be mapped.
+/// pages, taken as eight times the lesser of two writes of 256 KiB (one store per 4 KiB,
+/// as a batch's copy first touches it). Each pick leans against huge pages: one huge page
+/// the host still backs (freed by a process just before) or a thread preempted while it
+/// writes 4 KiB pages could make them look cheaper than they are. The 4 KiB pages are most
+/// of the cost: with two writes of 1 MiB it was 6-9 ms of a process's CPU on a VM where
+/// they cost 2.7 s/GiB (a third of the probe's whole start), with 256 KiB about a quarter
+/// of that (bench/RESULTS.md, issue 17, twenty-eighth session). Once a process. Zeros
+/// where the memory cannot be mapped.
 struct fresh_touch_cost {
     double huge_s = 0, small_s = 0;
 };
 inline fresh_touch_cost measure_fresh_touch() {
     constexpr std::size_t huge = std::size_t{2} << 20;
-    // Laid out from the first 2 MiB boundary: two huge pages, then two 1 MiB pieces of 4 KiB
-    // pages (in 2 MiB of their own); mapped with 2 MiB to spare for the alignment.
+    // Laid out from the first 2 MiB boundary: two huge pages, then two 256 KiB pieces of 4
+    // KiB pages (each at the start of 2 MiB of their own); mapped with 2 MiB to spare for
+    // the alignment.
     constexpr std::size_t mapped = 5 * huge;
     void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return {};
@@ -165,9 +169,10 @@ inline fresh_touch_cost measure_fresh_touch() {
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     };
     fresh_touch_cost c;
-    const double small = touch(at + 2 * huge, huge / 2);
+    constexpr std::size_t small_bytes = huge / 8;
+    const double small = touch(at + 2 * huge, small_bytes);
     c.huge_s = touch(at, huge);
-    c.small_s = 2 * std::min(small, touch(at + 3 * huge, huge / 2));
+    c.small_s = (huge / small_bytes) * std::min(small, touch(at + 3 * huge, small_bytes));
     c.huge_s = std::max(c.huge_s, touch(at + huge, huge));
     ::munmap(p, mapped);
     return c;
