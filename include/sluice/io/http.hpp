@@ -104,6 +104,9 @@ struct budget_share;
 inline std::shared_ptr<fetch_run> make_fetch_run(const fetch_options& o, std::vector<knob>* knobs = nullptr,
                                                  std::vector<budget_share>* shares = nullptr);
 inline void offer_remote_access(stage_setup& s, const std::shared_ptr<fetch_run>& run, const fetch_options& o);
+/// Says where the stage hands its chunks over (state.hpp, delivers_on_loop): with a cache,
+/// its hits are read on the CPU pool.
+inline void note_fetch_delivery(stage_setup& s, const fetch_run& run);
 /// One worker of a fetch stage: its objects' requests, retries, parts and cache copies
 /// (io/impl/fetch.hpp).
 template <class = void>  // a coroutine: compiled only where used (see make_stage)
@@ -133,7 +136,7 @@ stage<shard, chunk> fetch(fetch_options o = {}) {
         [o](stage_setup& s) {
             auto run = detail::make_fetch_run(o, s.internal.knobs, s.internal.shares);
             detail::offer_remote_access(s, run, o);  // for plan's record counting
-            if (run->cache) detail::note_delivers_on_loop(s.internal.run, s.internal.at, false);  // hits: read on the pool
+            detail::note_fetch_delivery(s, *run);
             return run;
         },
         [o](stage_context<shard, chunk>& ctx, detail::fetch_run& run) { return detail::fetch_worker(ctx, run, o); });

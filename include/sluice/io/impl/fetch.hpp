@@ -483,6 +483,10 @@ private:
     std::minstd_rand jitter_{jitter_seed()};
 };
 
+inline void note_fetch_delivery(stage_setup& s, const fetch_run& run) {
+    if (run.cache) note_delivers_on_loop(s.internal.run, s.internal.at, false);
+}
+
 inline void offer_remote_access(stage_setup& s, const std::shared_ptr<fetch_run>& run, const fetch_options& o) {
     offer_access(s.internal.run, s.internal.at, "fetch",
                  [run, o](std::stop_token stop) -> std::unique_ptr<shard_access> {
