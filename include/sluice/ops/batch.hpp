@@ -365,10 +365,19 @@ private:
         if (size >= std::max<std::size_t>(1, n / 2)) return true;
         return size >= std::max<std::size_t>(1, n / 8) && std::chrono::steady_clock::now() - *waiting_since_ >= wait_;
     }
-    // Whether the record alone holds a buffer of its own (not a slice of a shared chunk,
-    // not a mapped file), the records copied on arrival. Empty records hold none and pass.
+    // Whether the record holds a buffer of its own, the records copied on arrival: it alone
+    // holds it, or it is more than half of it (not a slice of a chunk shared with other
+    // records, not a mapped file). Empty records hold none and pass. The second case is a
+    // one-file shard's record while its parser still holds the chunk until the shard's
+    // (empty) last one: by the count alone, whether the group saw the record before or
+    // after the parser let go decided it, and a group that met one such record left all
+    // its records to collation, holding their chunks meanwhile (2,000 one-file tars over
+    // HTTP: 1,825 of 2,000 copied on arrival and 97 MB peak RSS in one run of four, and
+    // 905-1,006 and 127-133 MB where tar read straight from fetch; bench/RESULTS.md, issue
+    // 17, twenty-eighth session).
     static bool owns_alone(const record& r) {
-        return r.data.size() == 0 || (!r.data.file() && r.data.owner_use_count() == 1);
+        return r.data.size() == 0 ||
+               (!r.data.file() && (r.data.owner_use_count() == 1 || r.data.size() * 2 > r.data.owner_capacity()));
     }
     bool copy_in(std::vector<record>& group, std::size_t i) {
         record& r = group[i];

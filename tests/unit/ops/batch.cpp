@@ -756,6 +756,42 @@ TEST_CASE("a group copied on arrival takes no memory for records that share thei
     }
 }
 
+TEST_CASE("a record that is most of a chunk another still holds is copied on arrival, as one of its own is", "[batch]") {
+    // A one-file shard parsed: its record is the file's bytes, a slice of the shard's chunk,
+    // which the parser holds until the shard's empty last chunk comes. Copying it on arrival
+    // lets the chunk go once the parser does; leaving the group to collation would hold
+    // every chunk of the group until the batch is full.
+    auto pool = sluice::buffer_pool::create(std::size_t{256} << 20);
+    std::atomic<std::uint64_t> copied{0};
+    sluice::detail::early_collation early(pool, &copied);
+    const std::size_t n = 16, size = 100'000, header = 512, trailer = 1536;
+    std::vector<sluice::bytes> held;  // what the parser still holds
+    std::vector<sluice::record> group;
+    std::string want;
+    for (std::size_t i = 0; i < n; ++i) {
+        auto s = std::make_shared<const sluice::shard>(sluice::shard{"shard-" + std::to_string(i) + ".tar", 0, 0});
+        const std::string body(size, char('a' + i));
+        auto chunk = sluice::bytes::copy_of(std::string(header, 'h') + body + std::string(trailer, '\0'));
+        held.push_back(chunk);
+        group.push_back(sluice::record{chunk.slice(header, size), s, 0, header});
+        REQUIRE(group.back().data.owner_use_count() == 3);  // the record, `held` and `chunk`
+        early.add(group, n);
+        want += body;
+    }
+    REQUIRE(copied == n);
+    const auto b = early.take();
+    REQUIRE(b != nullptr);
+    REQUIRE(std::string(reinterpret_cast<const char*>(b->data()), n * size) == want);
+    SECTION("a slice of half of its chunk or less is not: the chunk's other records pin it") {
+        sluice::detail::early_collation other(pool, &copied);
+        auto two = sluice::bytes::copy_of(std::string(2 * size, 't'));
+        std::vector<sluice::record> g{sluice::record{two.slice(0, size), group.front().source, 0, 0}};
+        other.add(g, n);
+        REQUIRE(other.take() == nullptr);
+        REQUIRE(copied == n);
+    }
+}
+
 TEST_CASE("a record copied on arrival is checked against its TFRecord checksum, a bad one reported with shard and offset",
           "[batch]") {
     std::shared_ptr<sluice::buffer_source> pool = sluice::buffer_pool::create(std::size_t{64} << 20);
