@@ -365,16 +365,16 @@ private:
         if (size >= std::max<std::size_t>(1, n / 2)) return true;
         return size >= std::max<std::size_t>(1, n / 8) && std::chrono::steady_clock::now() - *waiting_since_ >= wait_;
     }
-    // Whether the record holds a buffer of its own, the records copied on arrival: it alone
-    // holds it, or it is more than half of it (not a slice of a chunk shared with other
-    // records, not a mapped file). Empty records hold none and pass. The second case is a
-    // one-file shard's record while its parser still holds the chunk until the shard's
-    // (empty) last one: by the count alone, whether the group saw the record before or
-    // after the parser let go decided it, and a group that met one such record left all
-    // its records to collation, holding their chunks meanwhile (2,000 one-file tars over
-    // HTTP: 1,825 of 2,000 copied on arrival and 97 MB peak RSS in one run of four, and
-    // 905-1,006 and 127-133 MB where tar read straight from fetch; bench/RESULTS.md, issue
-    // 17, twenty-eighth session).
+    // Whether the record holds a buffer of its own, the records a group starts copying on
+    // arrival with: it alone holds it, or it is more than half of it (at most one record of
+    // a buffer is), and it is not a mapped file. Empty records hold none and pass. The
+    // second case is a one-file shard's record while its parser still holds the chunk
+    // until the shard's (empty) last one: by the count alone, whether the group saw the
+    // record before or after the parser let go decided it, and a group that met one such
+    // record left all its records to collation, holding their chunks meanwhile (2,000
+    // one-file tars over HTTP: 1,825-1,832 of 2,000 copied on arrival and 97-109 MB peak
+    // RSS in one run of four and one of eight, and 905-1,006 and 127-133 MB where tar read
+    // straight from fetch; bench/RESULTS.md, issue 17, twenty-eighth session).
     static bool owns_alone(const record& r) {
         return r.data.size() == 0 ||
                (!r.data.file() && (r.data.owner_use_count() == 1 || r.data.size() * 2 > r.data.owner_capacity()));
@@ -390,7 +390,13 @@ private:
             r.unchecked_crc32c.reset();
             return true;
         }
-        if (!owns_alone(r)) {
+        // A record that shares its buffer leaves its group to collation while nothing is
+        // copied yet (the buffer goes back at once). Once copies are made the buffer is the
+        // group's either way, and collation would take a second one while this one waits
+        // for nothing, so such a record is copied too (a one-sample shard's small file after
+        // its large one, both slices of one chunk), and lets go of its chunk as collation
+        // would have. A mapped file's records are always collation's (it reads them by call).
+        if (!owns_alone(r) && (used_ == 0 || r.data.file())) {
             off_ = true;
             if (used_ == 0) buf_.reset();  // nothing copied yet (empty records before it): not held
             return false;

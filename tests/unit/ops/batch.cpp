@@ -776,12 +776,36 @@ TEST_CASE("a record that is most of a chunk another still holds is copied on arr
         group.push_back(sluice::record{chunk.slice(header, size), s, 0, header});
         REQUIRE(group.back().data.owner_use_count() == 3);  // the record, `held` and `chunk`
         early.add(group, n);
+        REQUIRE(held.back().owner_use_count() == 2);  // copied: the record no longer holds the chunk
         want += body;
     }
     REQUIRE(copied == n);
     const auto b = early.take();
     REQUIRE(b != nullptr);
     REQUIRE(std::string(reinterpret_cast<const char*>(b->data()), n * size) == want);
+    SECTION("a small file after a large one of the same chunk is copied too: the group's buffer is taken") {
+        // One-sample shards of a large file and a small one (an image and its label): the
+        // large one starts the copy, the small one shares its chunk with it.
+        sluice::detail::early_collation other(pool, &copied);
+        std::vector<sluice::record> g;
+        std::string want2;
+        for (std::size_t i = 0; i < n / 2; ++i) {
+            auto s = std::make_shared<const sluice::shard>(sluice::shard{"sample-" + std::to_string(i) + ".tar", 0, 0});
+            const std::string image(size, char('A' + i)), label = std::to_string(i);
+            auto chunk = sluice::bytes::copy_of(std::string(header, 'h') + image + std::string(header, 'h') + label);
+            g.push_back(sluice::record{chunk.slice(header, size), s, 0, header});
+            other.add(g, n);
+            g.push_back(sluice::record{chunk.slice(2 * header + size, label.size()), s, 1, 2 * header + size});
+            REQUIRE(g.back().data.owner_use_count() == 2);  // the label and `chunk`: the image was copied
+            other.add(g, n);
+            REQUIRE(g.back().data.owner() != chunk.owner());
+            want2 += image + label;
+        }
+        REQUIRE(copied == 2 * n);
+        const auto b2 = other.take();
+        REQUIRE(b2 != nullptr);
+        REQUIRE(std::string(reinterpret_cast<const char*>(b2->data()), want2.size()) == want2);
+    }
     SECTION("a slice of half of its chunk or less is not: the chunk's other records pin it") {
         sluice::detail::early_collation other(pool, &copied);
         auto two = sluice::bytes::copy_of(std::string(2 * size, 't'));
