@@ -44,8 +44,9 @@ tls=()
 if [ -n "${CA_FILE:-}" ]; then args+=(--ca-file "$CA_FILE"); tls=(--cacert "$CA_FILE"); fi
 # curl writes the bodies to its stdout, which one() sends to /dev/null (as bench/run.sh
 # does). Not `-o /dev/null`: with a glob that makes curl open, stat and close /dev/null
-# once per URL and draw its progress meter, 12-14 % more CPU over 2,000 objects
-# (bench/RESULTS.md, issue 17, twenty-eighth session), which flattered every ratio to it.
+# once per URL, 12-19 % more CPU and 10-17 % more time over 2,000 objects
+# (bench/RESULTS.md, issue 17, twenty-eighth session), which flattered the raw and tar
+# ratios to it.
 curls=(-s "${tls[@]}" --parallel --parallel-max 64 "$curlurl")
 # raw5: five epochs in one process; curl is given the URLs five times: the first epoch's
 # faults of fresh memory (sluice's batches and chunks) are then a fifth of the run, as in
