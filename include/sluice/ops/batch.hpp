@@ -298,7 +298,7 @@ public:
             // collation: no memory is taken for it. Held from the pool until the group is
             // full, such memory kept a third batch buffer from the batch stage (tar shards
             // read by call: three batch buffers faulted in where two serve).
-            if (!owns_alone(group.front())) {
+            if (!has_own_buffer(group.front())) {
                 off_ = true;
                 return;
             }
@@ -375,7 +375,7 @@ private:
     // one-file tars over HTTP: 1,825-1,832 of 2,000 copied on arrival and 97-109 MB peak
     // RSS in one run of four and one of eight, and 905-1,006 and 127-133 MB where tar read
     // straight from fetch; bench/RESULTS.md, issue 17, twenty-eighth session).
-    static bool owns_alone(const record& r) {
+    static bool has_own_buffer(const record& r) {
         return r.data.size() == 0 ||
                (!r.data.file() && (r.data.owner_use_count() == 1 || r.data.size() * 2 > r.data.owner_capacity()));
     }
@@ -396,7 +396,7 @@ private:
         // for nothing, so such a record is copied too (a one-sample shard's small file after
         // its large one, both slices of one chunk), and lets go of its chunk as collation
         // would have. A mapped file's records are always collation's (it reads them by call).
-        if (!owns_alone(r) && (used_ == 0 || r.data.file())) {
+        if (!has_own_buffer(r) && (used_ == 0 || r.data.file())) {
             off_ = true;
             if (used_ == 0) buf_.reset();  // nothing copied yet (empty records before it): not held
             return false;
