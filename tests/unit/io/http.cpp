@@ -675,6 +675,46 @@ TEST_CASE("fetch: libcurl's receive buffers are kept for the next transfer, not 
         REQUIRE(k.take(keeper::block) == a);
         k.give(a);
     }
+    {
+        // With a slab (where huge pages pay): receive buffers are lent from one region on 2
+        // MiB boundaries, the lowest free slot first, and come back to it; past kept_max
+        // lent, malloc's, kept as above. libcurl's realloc of one moves it out of the slab.
+        keeper k(+[] { return true; });
+        REQUIRE_FALSE(k.has_slab());  // made at the first receive buffer, not before
+        k.give(k.take(100));
+        REQUIRE_FALSE(k.has_slab());
+        void* a = k.take(keeper::block);
+        REQUIRE(k.has_slab());
+        REQUIRE(k.in_slab(a));
+        REQUIRE(reinterpret_cast<std::uintptr_t>(a) % (std::uintptr_t{2} << 20) == 0);
+        void* b = k.take(keeper::block);
+        REQUIRE(k.in_slab(b));
+        REQUIRE(static_cast<std::byte*>(b) >= static_cast<std::byte*>(a) + keeper::block);
+        std::memset(a, 1, keeper::block);
+        std::memset(b, 2, keeper::block);
+        REQUIRE(static_cast<unsigned char*>(a)[keeper::block - 1] == 1);  // b did not overwrite a's end
+        k.give(a);
+        REQUIRE(k.kept() == 0);  // the slab's are not malloc's kept blocks
+        REQUIRE(k.take(keeper::block) == a);
+        REQUIRE(k.reused() == 1);
+        void* moved = k.move_out(a, 10);
+        REQUIRE_FALSE(k.in_slab(moved));
+        REQUIRE(static_cast<unsigned char*>(moved)[9] == 1);
+        std::free(moved);
+        REQUIRE(k.take(keeper::block) == a);  // its slot was given back
+        std::vector<void*> many{a, b};
+        for (std::size_t i = 2; i < keeper::kept_max + 3; ++i) many.push_back(k.take(keeper::block));
+        REQUIRE(std::count_if(many.begin(), many.end(), [&](void* p) { return k.in_slab(p); }) == keeper::kept_max);
+        for (void* p : many) k.give(p);
+        REQUIRE(k.kept() == 3);  // the three from malloc
+        // Without huge pages, no slab: malloc's, as before.
+        keeper none(+[] { return false; });
+        void* c = none.take(keeper::block);
+        REQUIRE_FALSE(none.has_slab());
+        REQUIRE_FALSE(none.in_slab(c));
+        none.give(c);
+        REQUIRE(none.kept() == 1);
+    }
     REQUIRE(sluice::detail::curl_global());
     auto& k = keeper::get();
     curl_free(curl_easy_escape(nullptr, "a b", 3));  // a libcurl allocation: the keeper's, if installed
@@ -697,6 +737,7 @@ TEST_CASE("fetch: libcurl's receive buffers are kept for the next transfer, not 
         n += rec.data.size() > 0;
     REQUIRE(n == urls.size());
     CHECK(k.reused() - before >= urls.size() / 2);  // a next transfer may start before the last one ends
+    CHECK(k.has_slab() == sluice::detail::offer_huge_pages());
 }
 
 TEST_CASE("fetch: an object's last bytes go on as its last chunk, without waiting for the transfer's end", "[http]") {

@@ -10,28 +10,45 @@
 // faults (bench/RESULTS.md, issue 17). Blocks of that size are kept here instead, up to
 // `kept_max`, and handed to the next request of that size. (A side effect: glibc raises
 // its mmap threshold when a mapped block is freed, and kept blocks are not freed, so
-// other allocations of 128-512 KiB stay mapped as glibc starts out; the benches showed
+// other allocations of about 128 KiB stay mapped as glibc starts out; the benches showed
 // no cost.)
+//
+// Kept, the buffers are still faulted in once each, 4 KiB at a time by the kernel's
+// receive copy: with 64 transfers in flight about 2,200 faults, half of a one-pass
+// process's, and on a VM with paravirtual paging each costs as much as copying 30-40 KiB.
+// So where huge pages pay (offer_huge_pages), the receive buffers are made in one region
+// of kept_max of them offered transparent huge pages (the slab), four huge pages at 128
+// KiB each: one pass over 2,000 objects took 0.81-0.83 x curl's CPU against 0.98-1.08
+// (bench/RESULTS.md, issue 17, twenty-ninth session). Huge pages are resident whole, so
+// the buffer is 128 KiB, not the 512 KiB it was: the same CPU in those rounds, and the
+// slab resident at most 8 MiB, as much as 64 buffers of 512 KiB had been with small
+// bodies (a large plain-HTTP body is received directly, past this buffer: curl_engine.hpp).
 //
 // curl_global_init_mem takes effect only when it is the process's first set-up of
 // libcurl, explicit or by a first curl_easy_init: sluice calls curl_global() before each
 // of its own. Where the program set libcurl up before sluice, its memory functions stand
 // and nothing is kept (the transfers work the same; keeper.used() says which).
 
+#include <sluice/core/bytes.hpp>
+
 #include <curl/curl.h>
 
 #include <malloc.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
 namespace sluice::detail {
 
-/// The receive buffer sluice asks each transfer for (CURLOPT_BUFFERSIZE).
-inline constexpr long curl_receive_buffer = 512L * 1024;
+/// The receive buffer sluice asks each transfer for (CURLOPT_BUFFERSIZE): 128 KiB less 64
+/// bytes, so that with libcurl's byte more the slab's 64 buffers fill four huge pages.
+inline constexpr long curl_receive_buffer = 128L * 1024 - 64;
 
 class curl_buffer_keeper {
 public:
@@ -41,9 +58,11 @@ public:
     /// stay resident only where a transfer wrote).
     static constexpr std::size_t kept_max = 64;
 
-    // Slots, not a locked list: a process that forks while another thread is in here (a
-    // DataLoader's workers) must not inherit a held lock.
-    curl_buffer_keeper() {
+    // Slots and a bit mask, not a locked list: a process that forks while another thread is
+    // in here (a DataLoader's workers) must not inherit a held lock.
+    /// `slab`: asked at the first receive buffer to make, whether receive buffers come from
+    /// the slab (get(): offer_huge_pages); none, from malloc.
+    explicit curl_buffer_keeper(bool (*slab)() = nullptr) : slab_wanted_(slab) {
         // What the allocator makes of a request for `block` (glibc: a few bytes more on the
         // heap, a page more when mapped; jemalloc: its next size class): a freed block
         // whose usable size lies between `block` and that is a receive buffer's.
@@ -53,19 +72,21 @@ public:
     }
     ~curl_buffer_keeper() {
         for (auto& s : slots_) std::free(s.exchange(nullptr));
+        if (void* m = slab_mapping_.load()) ::munmap(m, slab_mapped);
     }
     curl_buffer_keeper(const curl_buffer_keeper&) = delete;
     curl_buffer_keeper& operator=(const curl_buffer_keeper&) = delete;
 
     /// The one libcurl's memory functions use.
     static curl_buffer_keeper& get() {
-        static curl_buffer_keeper* k = new curl_buffer_keeper;  // never destroyed: libcurl may free at exit
+        static curl_buffer_keeper* k = new curl_buffer_keeper(&offer_huge_pages);  // never destroyed: libcurl may free at exit
         return *k;
     }
 
     void* take(std::size_t n) {
         note_used();
         if (n == block) {
+            if (void* p = slab_take()) return p;
             for (auto& s : slots_)
                 if (s.load(std::memory_order_relaxed))
                     if (void* p = s.exchange(nullptr, std::memory_order_acquire)) {
@@ -78,7 +99,7 @@ public:
         return std::malloc(n);
     }
     void give(void* p) {
-        if (!p) return;
+        if (!p || slab_give(p)) return;
         // Any malloc'd block that holds `block` bytes serves a later take(block): the
         // receive buffers, from the heap or mapped whole pages. But no more are kept than
         // receive buffers were ever made fresh (about the most transfers at once): blocks
@@ -98,20 +119,106 @@ public:
         std::free(p);
     }
 
-    /// Blocks kept now; take(block) calls served from them; whether libcurl ever called in
-    /// (false: the program set libcurl up before sluice, with its own memory functions).
+    /// Whether `p` is one of the slab's receive buffers (lent or not).
+    bool in_slab(const void* p) const noexcept {
+        const std::byte* base = slab_.load(std::memory_order_acquire);
+        const auto* b = static_cast<const std::byte*>(p);
+        return base && b >= base && b < base + kept_max * slab_stride;
+    }
+    /// realloc for one of the slab's: `n` bytes from malloc with its first bytes, the slot
+    /// given back (null, the slot still lent, where malloc fails; a realloc to 0 frees).
+    void* move_out(void* p, std::size_t n) {
+        if (n == 0) {
+            give(p);
+            return nullptr;
+        }
+        void* q = std::malloc(n);
+        if (!q) return nullptr;
+        std::memcpy(q, p, std::min(n, block));
+        give(p);
+        return q;
+    }
+    /// Blocks of malloc's kept now (not the slab's); take(block) calls served from kept
+    /// blocks or from slab slots lent before; whether a slab is made; whether libcurl ever
+    /// called in (false: the program set libcurl up before sluice, with its own memory
+    /// functions).
     std::size_t kept() const {
         std::size_t n = 0;
         for (auto& s : slots_) n += s.load(std::memory_order_relaxed) != nullptr;
         return n;
     }
     std::size_t reused() const { return reused_.load(std::memory_order_relaxed); }
+    bool has_slab() const { return slab_.load(std::memory_order_relaxed) != nullptr; }
     bool used() const { return used_.load(std::memory_order_relaxed); }
     void note_used() noexcept {
         if (!used_.load(std::memory_order_relaxed)) used_.store(true, std::memory_order_relaxed);  // no write per call
     }
 
 private:
+    // The slab: kept_max receive buffers side by side (64-byte aligned), the region on 2 MiB
+    // boundaries, mapped at the first buffer to make and never unmapped while the process
+    // lives (get()'s keeper is never destroyed). A slot is lent by clearing its bit in
+    // slab_free_, the lowest first (the fewest huge pages touched), and given back by
+    // setting it; the slab's slots are never freed to malloc.
+    static constexpr std::size_t slab_stride = (block + 63) / 64 * 64;
+    static constexpr std::size_t huge = std::size_t{2} << 20;
+    static constexpr std::size_t slab_bytes = (kept_max * slab_stride + huge - 1) / huge * huge;
+    static constexpr std::size_t slab_mapped = slab_bytes + huge;  // room to align
+    static_assert(kept_max == 64, "one bit of slab_free_ per slot");
+    static_assert(slab_bytes == kept_max * slab_stride, "the slots fill whole huge pages");
+
+    void* slab_take() {
+        std::byte* base = slab_.load(std::memory_order_acquire);
+        if (!base && !(base = slab_map())) return nullptr;
+        std::uint64_t bits = slab_free_.load(std::memory_order_relaxed);
+        while (bits) {
+            const int i = std::countr_zero(bits);
+            const std::uint64_t bit = std::uint64_t{1} << i;
+            if (slab_free_.compare_exchange_weak(bits, bits & ~bit, std::memory_order_acquire)) {
+                if (slab_lent_.fetch_or(bit, std::memory_order_relaxed) & bit) reused_.fetch_add(1, std::memory_order_relaxed);
+                return base + static_cast<std::size_t>(i) * slab_stride;
+            }
+        }
+        return nullptr;  // all lent: malloc's, as without a slab
+    }
+    bool slab_give(void* p) {
+        if (!in_slab(p)) return false;
+        const auto i = static_cast<std::size_t>(static_cast<std::byte*>(p) - slab_.load(std::memory_order_relaxed)) / slab_stride;
+        slab_free_.fetch_or(std::uint64_t{1} << i, std::memory_order_release);
+        return true;
+    }
+    // Once: a keeper without a slab, a process where huge pages do not pay, or a failed
+    // map makes none (nullptr, and never asked again).
+    std::byte* slab_map() {
+        if (!slab_wanted_ || slab_off_.load(std::memory_order_relaxed)) return nullptr;
+        if (!slab_wanted_()) {
+            slab_off_.store(true, std::memory_order_relaxed);
+            return nullptr;
+        }
+        void* m = ::mmap(nullptr, slab_mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) {
+            slab_off_.store(true, std::memory_order_relaxed);
+            return nullptr;
+        }
+        auto* at = reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(m) + huge - 1) & ~(std::uintptr_t{huge} - 1));
+#ifdef MADV_HUGEPAGE
+        ::madvise(at, slab_bytes, MADV_HUGEPAGE);  // advice: failure is harmless
+#endif
+        std::byte* none = nullptr;
+        if (!slab_.compare_exchange_strong(none, at, std::memory_order_acq_rel)) {
+            ::munmap(m, slab_mapped);  // another thread's stands
+            return none;
+        }
+        slab_mapping_.store(m, std::memory_order_relaxed);
+        return at;
+    }
+
+    bool (*slab_wanted_)() = nullptr;
+    std::atomic<std::byte*> slab_{nullptr};       // the first slot
+    std::atomic<void*> slab_mapping_{nullptr};    // what mmap gave, for the destructor
+    std::atomic<bool> slab_off_{false};
+    std::atomic<std::uint64_t> slab_free_{~std::uint64_t{0}};
+    std::atomic<std::uint64_t> slab_lent_{0};     // slots lent at least once
     std::array<std::atomic<void*>, kept_max> slots_{};
     std::atomic<long> kept_n_{0};   // blocks in slots_ (approximate between threads)
     std::atomic<long> minted_{0};   // take(block) calls served by malloc
@@ -124,9 +231,11 @@ inline void* curl_keeper_malloc(std::size_t n) { return curl_buffer_keeper::get(
 inline void curl_keeper_free(void* p) { curl_buffer_keeper::get().give(p); }
 inline void* curl_keeper_realloc(void* p, std::size_t n) {
     // A kept-size block grown or shrunk is libcurl's ordinary realloc; the result is any
-    // malloc'd block, which give() tells apart by its usable size.
-    curl_buffer_keeper::get().note_used();
-    return std::realloc(p, n);
+    // malloc'd block, which give() tells apart by its usable size. One of the slab's is
+    // not malloc's: moved out of it.
+    auto& k = curl_buffer_keeper::get();
+    k.note_used();
+    return k.in_slab(p) ? k.move_out(p, n) : std::realloc(p, n);
 }
 inline char* curl_keeper_strdup(const char* s) {
     curl_buffer_keeper::get().note_used();
