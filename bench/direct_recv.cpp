@@ -8,7 +8,8 @@
 //   direct_recv URL [--copy] [--chunk BYTES] [--rotate N] [--prefault]
 //
 // --copy receives into one 512 KiB buffer and copies each piece into the chunk with
-// streaming stores, as libcurl's write callback makes the fetch do today: the same
+// streaming stores, as libcurl's write callback made the fetch do for every body when
+// this was written (now for bodies under 4 MiB, out of a 128 KiB buffer): the same
 // program with and without it isolates the copy from everything else sluice does.
 // --rotate N fills N chunks in turn rather than one (the chunks a pipeline has in
 // flight: N - 1 more chunks' worth of fresh memory to fault in). --prefault touches

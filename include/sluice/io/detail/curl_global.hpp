@@ -8,26 +8,28 @@
 // (MADV_DONTNEED), so the next transfer's recv writes into pages the kernel must fault in
 // and zero again: for 2,000 objects of 50-150 KB, about half of all the process's page
 // faults (bench/RESULTS.md, issue 17). Blocks of that size are kept here instead, up to
-// `kept_max`, and handed to the next request of that size. (A side effect: glibc raises
-// its mmap threshold when a mapped block is freed, and kept blocks are not freed, so
-// other allocations of about 128 KiB stay mapped as glibc starts out; the benches showed
-// no cost.)
+// `kept_max`, and handed to the next request of that size.
 //
 // Kept, the buffers are still faulted in once each, 4 KiB at a time by the kernel's
 // receive copy: with 64 transfers in flight about 2,200 faults, half of a one-pass
 // process's, and on a VM with paravirtual paging each costs as much as copying 30-40 KiB.
-// So where huge pages pay (offer_huge_pages), the receive buffers are made in one region
-// of kept_max of them offered transparent huge pages (the slab), four huge pages at 128
-// KiB each: one pass over 2,000 objects took 0.81-0.83 x curl's CPU against 0.98-1.08
-// (bench/RESULTS.md, issue 17, twenty-ninth session). Huge pages are resident whole, so
-// the buffer is 128 KiB, not the 512 KiB it was: the same CPU in those rounds, and the
-// slab resident at most 8 MiB, as much as 64 buffers of 512 KiB had been with small
-// bodies (a large plain-HTTP body is received directly, past this buffer: curl_engine.hpp).
+// So where huge pages pay (offer_huge_pages), the receive buffers are lent from one region
+// of kept_max of them offered transparent huge pages (the slab): its first touch is four
+// faults. One pass over 2,000 objects took 0.82-0.87 x curl's CPU by medians against
+// 0.95-1.03 before (bench/RESULTS.md, issue 17, twenty-ninth session). Huge pages are
+// resident whole, so the buffer is 128 KiB less 64 bytes, not the 512 KiB it was: the
+// same CPU in those rounds, and the slab resident at most 8 MiB (in steps of 2 MiB, for
+// the process's life), about what 64 buffers of 512 KiB held with small bodies (a large
+// plain-HTTP body is received directly, past this buffer: curl_engine.hpp). More
+// transfers at once take theirs from malloc, kept as above (8 MiB more at most).
+// AddressSanitizer builds make no slab: their receive buffers stay malloc's, checked.
 //
 // curl_global_init_mem takes effect only when it is the process's first set-up of
 // libcurl, explicit or by a first curl_easy_init: sluice calls curl_global() before each
 // of its own. Where the program set libcurl up before sluice, its memory functions stand
-// and nothing is kept (the transfers work the same; keeper.used() says which).
+// and nothing is kept (the transfers work the same; keeper.used() says which). A program
+// must not call curl_global_cleanup while sluice's transfers live: libcurl would go back
+// to malloc's free for buffers the keeper lent (as it would for any memory functions).
 
 #include <sluice/core/bytes.hpp>
 
@@ -79,7 +81,11 @@ public:
 
     /// The one libcurl's memory functions use.
     static curl_buffer_keeper& get() {
+#if defined(SLUICE_DETAIL_ASAN)
+        static curl_buffer_keeper* k = new curl_buffer_keeper;  // never destroyed: libcurl may free at exit
+#else
         static curl_buffer_keeper* k = new curl_buffer_keeper(&offer_huge_pages);  // never destroyed: libcurl may free at exit
+#endif
         return *k;
     }
 
@@ -104,8 +110,8 @@ public:
         // receive buffers, from the heap or mapped whole pages. But no more are kept than
         // receive buffers were ever made fresh (about the most transfers at once): blocks
         // of that size that are not receive buffers (what a paused transfer had received,
-        // kept by libcurl until it resumes) would otherwise fill every slot in time, 32
-        // MiB resident that no transfer asks for.
+        // kept by libcurl until it resumes) would otherwise fill every slot in time, 8
+        // MiB resident that no transfer asks for (32 with the 512 KiB buffers of before).
         const std::size_t usable = ::malloc_usable_size(p);
         if (usable >= block && usable <= largest_ &&
             kept_n_.load(std::memory_order_relaxed) < minted_.load(std::memory_order_relaxed))
@@ -203,6 +209,12 @@ private:
         auto* at = reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(m) + huge - 1) & ~(std::uintptr_t{huge} - 1));
 #ifdef MADV_HUGEPAGE
         ::madvise(at, slab_bytes, MADV_HUGEPAGE);  // advice: failure is harmless
+#endif
+        // A child of fork() (a DataLoader's worker) gets the slab zeroed, not shared: a
+        // huge page shared copy-on-write is split at the parent's next write into it, and
+        // its receive buffers would fault in 4 KiB at a time again (Linux 4.14; advice).
+#ifdef MADV_WIPEONFORK
+        ::madvise(at, slab_bytes, MADV_WIPEONFORK);
 #endif
         std::byte* none = nullptr;
         if (!slab_.compare_exchange_strong(none, at, std::memory_order_acq_rel)) {
