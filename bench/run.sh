@@ -17,6 +17,19 @@ probe=$build/examples/sluice-probe
 probe_io=$build/bench/sluice-probe-io
 field() { grep -o "\"$1\": *[^,}]*" | head -1 | cut -d: -f2 | tr -d '" '; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
+# Best-of-N rows take each program's fastest run, and on a noisy machine one lucky run
+# moves a row by 10 % or more: each such row also gives the ratios of the medians of
+# all its runs (rate, and CPU; bench/RESULTS.md, issue 17, twenty-ninth session).
+median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+medians_reset() { mr_peer="" mr_sluice="" mc_peer="" mc_sluice=""; }
+peer_run() { mr_peer+=" $1"; mc_peer+=" $2"; }      # rate, CPU s
+sluice_run() { mr_sluice+=" $1"; mc_sluice+=" $2"; }
+medians_ratios() {  # "rate_ratio cpu_ratio"
+  echo "$(ratio "$(echo "$mr_sluice" | median)" "$(echo "$mr_peer" | median)") $(ratio "$(echo "$mc_sluice" | median)" "$(echo "$mc_peer" | median)")"
+}
+medians_json() { read -r a b < <(medians_ratios); echo "\"median_ratio\":$a,\"median_cpu_ratio\":$b"; }
+medians_text() { read -r a b < <(medians_ratios); echo "medians of $(echo "$mr_peer" | wc -w): ratio $a, CPU $b x"; }
+median_rate_text() { echo "median ratio of $(echo "$mr_peer" | wc -w): $(medians_ratios | cut -d' ' -f1)"; }  # rows without CPU
 now() { date +%s.%N; }
 what=("$@")
 [ ${#what[@]} -eq 0 ] && what=(channel crc32c local formats http s3 memory device cache images trainers tune nodes counts)
@@ -160,32 +173,32 @@ for w in "${what[@]}"; do
       awk -v a="$t0" -v b="$t1" -v c="$c" 'BEGIN { printf "%.4f %.3f\n", b - a, c }'
     }
     # One 1 GiB object.
-    best_curl=0 best_sluice=0 cpu_curl=0 cpu_sluice=0
+    best_curl=0 best_sluice=0 cpu_curl=0 cpu_sluice=0; medians_reset
     for i in 1 2 3; do
       read -r s c < <(wall_cpu curl -s -o /dev/null "$base/big.bin")
       g=$(awk -v s="$s" 'BEGIN { printf "%.3f", 1073741824 / s / 1e9 }')
-      if awk -v x="$g" -v y="$best_curl" 'BEGIN { exit !(x > y) }'; then best_curl=$g; cpu_curl=$c; fi
+      peer_run "$g" "$c"; if awk -v x="$g" -v y="$best_curl" 'BEGIN { exit !(x > y) }'; then best_curl=$g; cpu_curl=$c; fi
       read -r s c < <(wall_cpu "$probe_io" --format chunks --json --quiet "$base/big.bin")
       g=$(awk -v s="$s" 'BEGIN { printf "%.3f", 1073741824 / s / 1e9 }')
-      if awk -v x="$g" -v y="$best_sluice" 'BEGIN { exit !(x > y) }'; then best_sluice=$g; cpu_sluice=$c; fi
+      sluice_run "$g" "$c"; if awk -v x="$g" -v y="$best_sluice" 'BEGIN { exit !(x > y) }'; then best_sluice=$g; cpu_sluice=$c; fi
     done
-    echo "{\"bench\":\"http_one_object\",\"bytes\":1073741824,\"sluice_gb_per_s\":$best_sluice,\"curl_gb_per_s\":$best_curl,\"ratio\":$(ratio "$best_sluice" "$best_curl"),\"sluice_cpu_s_per_gb\":$(awk -v c="$cpu_sluice" 'BEGIN{printf "%.3f", c / 1.073741824}'),\"curl_cpu_s_per_gb\":$(awk -v c="$cpu_curl" 'BEGIN{printf "%.3f", c / 1.073741824}')}"
-    echo "http one 1 GiB object: sluice $best_sluice GB/s, curl $best_curl GB/s, ratio $(ratio "$best_sluice" "$best_curl"); CPU s: sluice $cpu_sluice, curl $cpu_curl (wall-clock process time, incl. start-up)" >&2
+    echo "{\"bench\":\"http_one_object\",\"bytes\":1073741824,\"sluice_gb_per_s\":$best_sluice,\"curl_gb_per_s\":$best_curl,\"ratio\":$(ratio "$best_sluice" "$best_curl"),\"sluice_cpu_s_per_gb\":$(awk -v c="$cpu_sluice" 'BEGIN{printf "%.3f", c / 1.073741824}'),\"curl_cpu_s_per_gb\":$(awk -v c="$cpu_curl" 'BEGIN{printf "%.3f", c / 1.073741824}'),$(medians_json)}"
+    echo "http one 1 GiB object: sluice $best_sluice GB/s, curl $best_curl GB/s, ratio $(ratio "$best_sluice" "$best_curl"); CPU s: sluice $cpu_sluice, curl $cpu_curl (wall-clock process time, incl. start-up); $(medians_text)" >&2
     # 2,000 objects of 100 KiB, parsed (tar) and batched by sluice.
     n=2000; obytes=$(cat "$www"/o/shard-*.tar | wc -c)
-    best_curl=0 best_sluice=0 cpu_curl=0 cpu_sluice=0
+    best_curl=0 best_sluice=0 cpu_curl=0 cpu_sluice=0; medians_reset
     for i in 1 2 3; do
       read -r s c < <(wall_cpu curl_null -s --parallel --parallel-max 64 "$base/o/shard-[000000-001999].tar")
       r=$(awk -v s="$s" -v n=$n 'BEGIN { printf "%.1f", n / s }')
-      if awk -v x="$r" -v y="$best_curl" 'BEGIN { exit !(x > y) }'; then best_curl=$r; cpu_curl=$c; fi
+      peer_run "$r" "$c"; if awk -v x="$r" -v y="$best_curl" 'BEGIN { exit !(x > y) }'; then best_curl=$r; cpu_curl=$c; fi
       read -r s c < <(wall_cpu "$probe_io" --format tar --batch 256 --no-crc --json --quiet --in-flight 64 "$base/o/shard-{000000..001999}.tar")
       [ "$(field records < "$ngx/out")" = $n ] || { echo "http: record count mismatch" >&2; cat "$ngx/out" >&2; exit 1; }
       r=$(awk -v s="$s" -v n=$n 'BEGIN { printf "%.1f", n / s }')
-      if awk -v x="$r" -v y="$best_sluice" 'BEGIN { exit !(x > y) }'; then best_sluice=$r; cpu_sluice=$c; fi
+      sluice_run "$r" "$c"; if awk -v x="$r" -v y="$best_sluice" 'BEGIN { exit !(x > y) }'; then best_sluice=$r; cpu_sluice=$c; fi
     done
     gb=$(awk -v b="$obytes" 'BEGIN { printf "%.4f", b / 1e9 }')
-    echo "{\"bench\":\"http_many_objects\",\"objects\":$n,\"bytes\":$obytes,\"sluice_objects_per_s\":$best_sluice,\"curl_objects_per_s\":$best_curl,\"ratio\":$(ratio "$best_sluice" "$best_curl"),\"sluice_cpu_s_per_gb\":$(awk -v c="$cpu_sluice" -v g="$gb" 'BEGIN{printf "%.3f", c / g}'),\"curl_cpu_s_per_gb\":$(awk -v c="$cpu_curl" -v g="$gb" 'BEGIN{printf "%.3f", c / g}')}"
-    echo "http 2,000 x 100 KiB (sluice parses + batches): sluice $best_sluice objects/s, curl --parallel 64 $best_curl objects/s, ratio $(ratio "$best_sluice" "$best_curl"); CPU s: sluice $cpu_sluice, curl $cpu_curl" >&2
+    echo "{\"bench\":\"http_many_objects\",\"objects\":$n,\"bytes\":$obytes,\"sluice_objects_per_s\":$best_sluice,\"curl_objects_per_s\":$best_curl,\"ratio\":$(ratio "$best_sluice" "$best_curl"),\"sluice_cpu_s_per_gb\":$(awk -v c="$cpu_sluice" -v g="$gb" 'BEGIN{printf "%.3f", c / g}'),\"curl_cpu_s_per_gb\":$(awk -v c="$cpu_curl" -v g="$gb" 'BEGIN{printf "%.3f", c / g}'),$(medians_json)}"
+    echo "http 2,000 x 100 KiB (sluice parses + batches): sluice $best_sluice objects/s, curl --parallel 64 $best_curl objects/s, ratio $(ratio "$best_sluice" "$best_curl"); CPU s: sluice $cpu_sluice, curl $cpu_curl; $(medians_text)" >&2
     # 2,000 whole objects of 50-150 KB (issue 17): raw records (one per object, no parse)
     # beside curl --parallel 64, and the same objects as chunks (what the fetch alone costs).
     objects_of_50_to_150_kb() {  # dir count seed: made once, their total bytes in dir/sizes
@@ -200,18 +213,18 @@ open(sys.argv[1] + "/sizes", "w").write("%d\n" % sum(sizes))' "$1" "$2" "$3"
     }
     objects_of_50_to_150_kb "$www/w" 2000 17
     wbytes=$(cat "$www/w/sizes"); wgb=$(awk -v b="$wbytes" 'BEGIN { printf "%.4f", b / 1e9 }')
-    best_curl=0 best_raw=0 best_chunks=0 cpu_curl=0 cpu_raw=0 cpus1_curl="" cpus1_raw="" cpus1_full=""
+    best_curl=0 best_raw=0 best_chunks=0 cpu_curl=0 cpu_raw=0 cpus1_curl="" cpus1_raw="" cpus1_full=""; medians_reset
     for i in 1 2 3 4 5; do
       read -r s c < <(wall_cpu curl_null -s --parallel --parallel-max 64 "$base/w/obj-[000000-001999].bin")
       cpus1_curl+=" $c"
       r=$(awk -v s="$s" -v n=$n 'BEGIN { printf "%.1f", n / s }')
-      if awk -v x="$r" -v y="$best_curl" 'BEGIN { exit !(x > y) }'; then best_curl=$r; cpu_curl=$c; fi
+      peer_run "$r" "$c"; if awk -v x="$r" -v y="$best_curl" 'BEGIN { exit !(x > y) }'; then best_curl=$r; cpu_curl=$c; fi
       read -r s c < <(wall_cpu "$probe_io" --format raw --batch 256 --no-crc --json --quiet --in-flight 64 "$base/w/obj-{000000..001999}.bin")
       cpus1_raw+=" $c"
       [ "$(field records < "$ngx/out")" = $n ] || { echo "http: raw record count mismatch" >&2; cat "$ngx/out" >&2; exit 1; }
       [ "$(field payload_bytes < "$ngx/out")" = "$wbytes" ] || { echo "http: raw byte count mismatch" >&2; exit 1; }
       r=$(awk -v s="$s" -v n=$n 'BEGIN { printf "%.1f", n / s }')
-      if awk -v x="$r" -v y="$best_raw" 'BEGIN { exit !(x > y) }'; then best_raw=$r; cpu_raw=$c; fi
+      sluice_run "$r" "$c"; if awk -v x="$r" -v y="$best_raw" 'BEGIN { exit !(x > y) }'; then best_raw=$r; cpu_raw=$c; fi
       read -r s c < <(wall_cpu "$probe_io" --format chunks --no-crc --json --quiet --in-flight 64 "$base/w/obj-{000000..001999}.bin")
       r=$(awk -v s="$s" -v n=$n 'BEGIN { printf "%.1f", n / s }')
       if awk -v x="$r" -v y="$best_chunks" 'BEGIN { exit !(x > y) }'; then best_chunks=$r; fi
@@ -219,26 +232,26 @@ open(sys.argv[1] + "/sizes", "w").write("%d\n" % sum(sizes))' "$1" "$2" "$3"
       [ "$(field records < "$ngx/out")" = $n ] || { echo "http: raw record count mismatch (full probe)" >&2; cat "$ngx/out" >&2; exit 1; }
       cpus1_full+=" $c"
     done
-    echo "{\"bench\":\"http_whole_objects\",\"objects\":$n,\"bytes\":$wbytes,\"sluice_raw_objects_per_s\":$best_raw,\"sluice_chunks_objects_per_s\":$best_chunks,\"curl_objects_per_s\":$best_curl,\"ratio\":$(ratio "$best_raw" "$best_curl"),\"sluice_cpu_s_per_gb\":$(awk -v c="$cpu_raw" -v g="$wgb" 'BEGIN{printf "%.3f", c / g}'),\"curl_cpu_s_per_gb\":$(awk -v c="$cpu_curl" -v g="$wgb" 'BEGIN{printf "%.3f", c / g}')}"
-    echo "http 2,000 whole objects of 50-150 KB (raw, batched 256): sluice $best_raw objects/s (as chunks $best_chunks/s), curl --parallel 64 $best_curl objects/s, ratio $(ratio "$best_raw" "$best_curl"); CPU s: sluice $cpu_raw, curl $cpu_curl (best of 5)" >&2
+    echo "{\"bench\":\"http_whole_objects\",\"objects\":$n,\"bytes\":$wbytes,\"sluice_raw_objects_per_s\":$best_raw,\"sluice_chunks_objects_per_s\":$best_chunks,\"curl_objects_per_s\":$best_curl,\"ratio\":$(ratio "$best_raw" "$best_curl"),\"sluice_cpu_s_per_gb\":$(awk -v c="$cpu_raw" -v g="$wgb" 'BEGIN{printf "%.3f", c / g}'),\"curl_cpu_s_per_gb\":$(awk -v c="$cpu_curl" -v g="$wgb" 'BEGIN{printf "%.3f", c / g}'),$(medians_json)}"
+    echo "http 2,000 whole objects of 50-150 KB (raw, batched 256): sluice $best_raw objects/s (as chunks $best_chunks/s), curl --parallel 64 $best_curl objects/s, ratio $(ratio "$best_raw" "$best_curl"); CPU s: sluice $cpu_raw, curl $cpu_curl (best of 5); $(medians_text)" >&2
     # The same objects 5 times in one process (sluice --epochs 5; curl given the 2,000 URLs 5
     # times): the first epoch faults in what a pipeline holds (two batches of ~25 MB, the
     # pool's chunks), which curl writing to /dev/null never needs; this row shows the rest.
-    best_curl=0 best_raw=0 cpu_curl=0 cpu_raw=0 cpus5_curl="" cpus5_raw=""; urls5=()
+    best_curl=0 best_raw=0 cpu_curl=0 cpu_raw=0 cpus5_curl="" cpus5_raw=""; urls5=(); medians_reset
     for e in 1 2 3 4 5; do urls5+=("$base/w/obj-[000000-001999].bin"); done
     for i in 1 2 3; do
       read -r s c < <(wall_cpu curl_null -s --parallel --parallel-max 64 "${urls5[@]}")
       cpus5_curl+=" $c"
       r=$(awk -v s="$s" -v n=$n 'BEGIN { printf "%.1f", 5 * n / s }')
-      if awk -v x="$r" -v y="$best_curl" 'BEGIN { exit !(x > y) }'; then best_curl=$r; cpu_curl=$c; fi
+      peer_run "$r" "$c"; if awk -v x="$r" -v y="$best_curl" 'BEGIN { exit !(x > y) }'; then best_curl=$r; cpu_curl=$c; fi
       read -r s c < <(wall_cpu "$probe_io" --format raw --batch 256 --epochs 5 --no-crc --json --quiet --in-flight 64 "$base/w/obj-{000000..001999}.bin")
       cpus5_raw+=" $c"
       [ "$(field records < "$ngx/out")" = $((5 * n)) ] || { echo "http: raw record count mismatch (5 epochs)" >&2; cat "$ngx/out" >&2; exit 1; }
       r=$(awk -v s="$s" -v n=$n 'BEGIN { printf "%.1f", 5 * n / s }')
-      if awk -v x="$r" -v y="$best_raw" 'BEGIN { exit !(x > y) }'; then best_raw=$r; cpu_raw=$c; fi
+      sluice_run "$r" "$c"; if awk -v x="$r" -v y="$best_raw" 'BEGIN { exit !(x > y) }'; then best_raw=$r; cpu_raw=$c; fi
     done
-    echo "{\"bench\":\"http_whole_objects_5_epochs\",\"objects\":$((5 * n)),\"sluice_raw_objects_per_s\":$best_raw,\"curl_objects_per_s\":$best_curl,\"ratio\":$(ratio "$best_raw" "$best_curl"),\"sluice_cpu_s_per_gb\":$(awk -v c="$cpu_raw" -v g="$wgb" 'BEGIN{printf "%.3f", c / g / 5}'),\"curl_cpu_s_per_gb\":$(awk -v c="$cpu_curl" -v g="$wgb" 'BEGIN{printf "%.3f", c / g / 5}')}"
-    echo "http the same objects 5 times in one process (raw, batched 256): sluice $best_raw objects/s, curl --parallel 64 $best_curl objects/s, ratio $(ratio "$best_raw" "$best_curl"); CPU s: sluice $cpu_raw, curl $cpu_curl (best of 3)" >&2
+    echo "{\"bench\":\"http_whole_objects_5_epochs\",\"objects\":$((5 * n)),\"sluice_raw_objects_per_s\":$best_raw,\"curl_objects_per_s\":$best_curl,\"ratio\":$(ratio "$best_raw" "$best_curl"),\"sluice_cpu_s_per_gb\":$(awk -v c="$cpu_raw" -v g="$wgb" 'BEGIN{printf "%.3f", c / g / 5}'),\"curl_cpu_s_per_gb\":$(awk -v c="$cpu_curl" -v g="$wgb" 'BEGIN{printf "%.3f", c / g / 5}'),$(medians_json)}"
+    echo "http the same objects 5 times in one process (raw, batched 256): sluice $best_raw objects/s, curl --parallel 64 $best_curl objects/s, ratio $(ratio "$best_raw" "$best_curl"); CPU s: sluice $cpu_raw, curl $cpu_curl (best of 3); $(medians_text)" >&2
     # CPU per GB with each process's fixed costs taken out (goal 3's "per GB"): the median
     # CPU of the five-pass runs less that of the one-pass runs, over the four passes' bytes.
     # What one pass costs beyond that is what a process pays once: its start (the full
@@ -247,7 +260,6 @@ open(sys.argv[1] + "/sizes", "w").write("%d\n" % sum(sizes))' "$1" "$2" "$3"
     # buffer or two with ~25 MB written in each, the pool's chunks and libcurl's receive
     # buffers, which curl writing to /dev/null never needs). On a VM where first touch is
     # dear (4 s/GiB) that is most of the difference.
-    median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
     m1s=$(echo "$cpus1_raw" | median) m1c=$(echo "$cpus1_curl" | median) m5s=$(echo "$cpus5_raw" | median) m5c=$(echo "$cpus5_curl" | median)
     per_gb_and_fixed() {  # one pass's CPU, five passes' CPU: "per-GB fixed"
       awk -v a="$2" -v b="$1" -v g="$wgb" 'BEGIN { p = (a - b) / (4 * g); printf "%.3f %.3f\n", p, b - p * g }'
@@ -348,25 +360,25 @@ open(sys.argv[1] + "/sizes", "w").write("%d\n" % sum(sizes))' "$1" "$2" "$3"
     echo "s3 2,000 x 100 KiB (sluice parses + batches): sluice over S3 $best_s3 objects/s, over plain HTTP $best_http, boto3 get_object x 32 threads $best_boto; ratio to boto3 $(ratio "$best_s3" "$best_boto"), to plain HTTP $(ratio "$best_s3" "$best_http")" >&2
     # One 1 GiB object: sluice (ranged parts) against boto3's single get_object stream.
     big_best() {  # ENDPOINT ROUNDS: best_s3 and best_boto, GB/s
-      best_s3=0 best_boto=0
+      best_s3=0 best_boto=0; medians_reset
       local i o g
       for i in $(seq "$2"); do
         o=$("$probe_io" --format chunks --json --quiet --endpoint "$1" s3://bkt/big.bin)
         [ "$(echo "$o" | field payload_bytes)" = 1073741824 ] || { echo "s3: size mismatch from $1" >&2; exit 1; }
         g=$(echo "$o" | field bytes_per_s | awk '{ printf "%.3f", $1 / 1e9 }')
-        if awk -v x="$g" -v y="$best_s3" 'BEGIN { exit !(x > y) }'; then best_s3=$g; fi
+        sluice_run "$g" 1; if awk -v x="$g" -v y="$best_s3" 'BEGIN { exit !(x > y) }'; then best_s3=$g; fi
         o=$(python3 bench/boto3_get.py "$1" bkt 1 big.bin)
         g=$(echo "$o" | field bytes_per_s | awk '{ printf "%.3f", $1 / 1e9 }')
-        if awk -v x="$g" -v y="$best_boto" 'BEGIN { exit !(x > y) }'; then best_boto=$g; fi
+        peer_run "$g" 1; if awk -v x="$g" -v y="$best_boto" 'BEGIN { exit !(x > y) }'; then best_boto=$g; fi
       done
     }
     big_best "$endpoint" 3
-    echo "{\"bench\":\"s3_one_object\",\"bytes\":1073741824,\"sluice_gb_per_s\":$best_s3,\"boto3_gb_per_s\":$best_boto,\"ratio\":$(ratio "$best_s3" "$best_boto")}"
-    echo "s3 one 1 GiB object: sluice $best_s3 GB/s, boto3 get_object $best_boto GB/s, ratio $(ratio "$best_s3" "$best_boto")" >&2
+    echo "{\"bench\":\"s3_one_object\",\"bytes\":1073741824,\"sluice_gb_per_s\":$best_s3,\"boto3_gb_per_s\":$best_boto,\"ratio\":$(ratio "$best_s3" "$best_boto"),\"median_ratio\":$(medians_ratios | cut -d' ' -f1)}"
+    echo "s3 one 1 GiB object: sluice $best_s3 GB/s, boto3 get_object $best_boto GB/s, ratio $(ratio "$best_s3" "$best_boto"); $(median_rate_text)" >&2
     # The same object at 100 MiB/s a connection (boto3: one stream, about 10 s a round).
     big_best "http://127.0.0.1:$port2" 2
-    echo "{\"bench\":\"s3_one_object_per_connection_rate\",\"bytes\":1073741824,\"connection_rate\":\"100 MiB/s\",\"sluice_gb_per_s\":$best_s3,\"boto3_gb_per_s\":$best_boto,\"ratio\":$(ratio "$best_s3" "$best_boto")}"
-    echo "s3 one 1 GiB object, 100 MiB/s a connection: sluice $best_s3 GB/s, boto3 get_object $best_boto GB/s, ratio $(ratio "$best_s3" "$best_boto")" >&2
+    echo "{\"bench\":\"s3_one_object_per_connection_rate\",\"bytes\":1073741824,\"connection_rate\":\"100 MiB/s\",\"sluice_gb_per_s\":$best_s3,\"boto3_gb_per_s\":$best_boto,\"ratio\":$(ratio "$best_s3" "$best_boto"),\"median_ratio\":$(medians_ratios | cut -d' ' -f1)}"
+    echo "s3 one 1 GiB object, 100 MiB/s a connection: sluice $best_s3 GB/s, boto3 get_object $best_boto GB/s, ratio $(ratio "$best_s3" "$best_boto"); $(median_rate_text)" >&2
     # Listing and fetching through s3rver: sluice against `aws s3 cp --recursive`.
     s3rver=tests/support/s3rver/node_modules/.bin/s3rver
     if [ -x "$s3rver" ] && command -v aws >/dev/null; then
