@@ -16,10 +16,11 @@ probe=$build/examples/sluice-probe
 # CUDA runtime (bench/CMakeLists.txt, sluice-probe-io); the full probe's CPU is printed too.
 probe_io=$build/bench/sluice-probe-io
 field() { grep -o "\"$1\": *[^,}]*" | head -1 | cut -d: -f2 | tr -d '" '; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b + 0 == 0) printf "null"; else printf "%.3f", a / b }'; }  # null: nothing to divide by
 # Best-of-N rows take each program's fastest run, and on a noisy machine one lucky run
-# moves a row by 10 % or more: each such row also gives the ratios of the medians of
-# all its runs (rate, and CPU; bench/RESULTS.md, issue 17, twenty-ninth session).
+# moves a row by 10 % or more: the http rows also give the ratios of the medians of all
+# their runs (rate and CPU), s3's one-object rows of their rates (bench/RESULTS.md,
+# issue 17, twenty-ninth session).
 median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 medians_reset() { mr_peer="" mr_sluice="" mc_peer="" mc_sluice=""; }
 peer_run() { mr_peer+=" $1"; mc_peer+=" $2"; }      # rate, CPU s
@@ -29,7 +30,7 @@ medians_ratios() {  # "rate_ratio cpu_ratio"
 }
 medians_json() { read -r a b < <(medians_ratios); echo "\"median_ratio\":$a,\"median_cpu_ratio\":$b"; }
 medians_text() { read -r a b < <(medians_ratios); echo "medians of $(echo "$mr_peer" | wc -w): ratio $a, CPU $b x"; }
-median_rate_text() { echo "median ratio of $(echo "$mr_peer" | wc -w): $(medians_ratios | cut -d' ' -f1)"; }  # rows without CPU
+median_rate_text() { echo "median ratio of $(echo "$mr_peer" | wc -w): $(medians_ratios | cut -d' ' -f1)"; }  # rows without CPU (fed 1 for it)
 now() { date +%s.%N; }
 what=("$@")
 [ ${#what[@]} -eq 0 ] && what=(channel crc32c local formats http s3 memory device cache images trainers tune nodes counts)

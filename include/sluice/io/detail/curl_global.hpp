@@ -12,11 +12,11 @@
 //
 // Kept, the buffers are still faulted in once each, 4 KiB at a time by the kernel's
 // receive copy: with 64 transfers in flight about 2,200 faults, half of a one-pass
-// process's, and on a VM with paravirtual paging each costs as much as copying 30-40 KiB.
+// process's, and on a VM with paravirtual paging each costs 12-23 µs.
 // So where huge pages pay (offer_huge_pages), the receive buffers are lent from one region
 // of kept_max of them offered transparent huge pages (the slab): its first touch is four
-// faults. One pass over 2,000 objects took 0.81-0.88 x curl's CPU by medians against
-// 0.98-1.05 before (bench/RESULTS.md, issue 17, twenty-ninth session). Huge pages are
+// faults. One pass over 2,000 objects took 0.87-0.88 x curl's CPU by medians against
+// 1.03-1.05 before (bench/RESULTS.md, issue 17, twenty-ninth session). Huge pages are
 // resident whole, so the buffer is 128 KiB less 64 bytes, not the 512 KiB it was: the
 // same CPU in those rounds, and the slab resident at most 8 MiB (in steps of 2 MiB, for
 // the process's life), about what 64 buffers of 512 KiB held with small bodies (a large
