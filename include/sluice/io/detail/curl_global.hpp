@@ -45,6 +45,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 
 namespace sluice::detail {
 
@@ -74,7 +75,7 @@ public:
     }
     ~curl_buffer_keeper() {
         for (auto& s : slots_) std::free(s.exchange(nullptr));
-        if (void* m = slab_mapping_.load()) ::munmap(m, slab_mapped);
+        if (std::byte* b = slab_.load()) unmap_buffer(b, slab_bytes);
     }
     curl_buffer_keeper(const curl_buffer_keeper&) = delete;
     curl_buffer_keeper& operator=(const curl_buffer_keeper&) = delete;
@@ -167,11 +168,10 @@ private:
     // slab_free_, the lowest first (the fewest huge pages touched), and given back by
     // setting it; the slab's slots are never freed to malloc.
     static constexpr std::size_t slab_stride = (block + 63) / 64 * 64;
-    static constexpr std::size_t huge = std::size_t{2} << 20;
-    static constexpr std::size_t slab_bytes = (kept_max * slab_stride + huge - 1) / huge * huge;
-    static constexpr std::size_t slab_mapped = slab_bytes + huge;  // room to align
+    static constexpr std::size_t slab_bytes = kept_max * slab_stride;
     static_assert(kept_max == 64, "one bit of slab_free_ per slot");
-    static_assert(slab_bytes == kept_max * slab_stride, "the slots fill whole huge pages");
+    static_assert(slab_bytes % (std::size_t{2} << 20) == 0, "the slots fill whole huge pages");
+    static_assert(slab_bytes >= huge_buffer_bytes, "map_buffer offers the slab huge pages");
 
     void* slab_take() {
         std::byte* base = slab_.load(std::memory_order_acquire);
@@ -201,15 +201,13 @@ private:
             slab_off_.store(true, std::memory_order_relaxed);
             return nullptr;
         }
-        void* m = ::mmap(nullptr, slab_mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (m == MAP_FAILED) {
+        std::byte* at = nullptr;
+        try {
+            at = map_buffer(slab_bytes, true);  // on 2 MiB boundaries, offered huge pages
+        } catch (const std::bad_alloc&) {
             slab_off_.store(true, std::memory_order_relaxed);
             return nullptr;
         }
-        auto* at = reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(m) + huge - 1) & ~(std::uintptr_t{huge} - 1));
-#ifdef MADV_HUGEPAGE
-        ::madvise(at, slab_bytes, MADV_HUGEPAGE);  // advice: failure is harmless
-#endif
         // A child of fork() (a DataLoader's worker) gets the slab zeroed, not shared: a
         // huge page shared copy-on-write is split at the parent's next write into it, and
         // its receive buffers would fault in 4 KiB at a time again (Linux 4.14; advice).
@@ -218,16 +216,14 @@ private:
 #endif
         std::byte* none = nullptr;
         if (!slab_.compare_exchange_strong(none, at, std::memory_order_acq_rel)) {
-            ::munmap(m, slab_mapped);  // another thread's stands
+            unmap_buffer(at, slab_bytes);  // another thread's stands
             return none;
         }
-        slab_mapping_.store(m, std::memory_order_relaxed);
         return at;
     }
 
     bool (*slab_wanted_)() = nullptr;
     std::atomic<std::byte*> slab_{nullptr};       // the first slot
-    std::atomic<void*> slab_mapping_{nullptr};    // what mmap gave, for the destructor
     std::atomic<bool> slab_off_{false};
     std::atomic<std::uint64_t> slab_free_{~std::uint64_t{0}};
     std::atomic<std::uint64_t> slab_lent_{0};     // slots lent at least once
