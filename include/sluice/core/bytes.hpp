@@ -25,6 +25,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <new>
@@ -290,10 +291,13 @@ public:
     /// asked for (a guess, a chunk of unknown length) does not call it: it would make
     /// resident what nothing writes.
     void will_write(std::size_t n) noexcept {
-        if (!fresh_) return;
-        fresh_ = false;
-        detail::populate(data_, std::min(n, capacity_));
+        if (take_fresh()) detail::populate(data_, std::min(n, capacity_));
     }
+    /// will_write for a caller that writes its bytes in parts, perhaps on several threads
+    /// at once: true (once) where this is fresh memory a buffer_pool has just made; the
+    /// caller then populates each part (detail::populate) just before it writes it, so
+    /// that the threads share the faulting too (batch's collation).
+    bool take_fresh() noexcept { return std::exchange(fresh_, false); }
     /// The mapped file this buffer views, or null.
     const std::shared_ptr<detail::file_mapping>& file() const noexcept { return file_; }
 

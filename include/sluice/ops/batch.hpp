@@ -173,9 +173,12 @@ inline bool copy_record(std::byte* p, const record& r, bool stream) noexcept {
 /// and the first in record order is reported, whichever thread copied it.
 class collate_copy {
 public:
-    collate_copy(std::vector<record>& rs, std::byte* dst, const std::vector<std::uint64_t>& offsets, bool stream)
+    /// `populate`: `dst` is fresh memory (buffer::take_fresh); each thread faults in the
+    /// pages of a block just before it copies the block.
+    collate_copy(std::vector<record>& rs, std::byte* dst, const std::vector<std::uint64_t>& offsets, bool stream,
+                 bool populate = false)
         : rs_(rs.data()), dst_(dst), offsets_(offsets.data()), n_(static_cast<std::uint32_t>(rs.size())),
-          block_(std::max<std::uint32_t>(1, (n_ + 15) / 16)), stream_(stream) {}
+          block_(std::max<std::uint32_t>(1, (n_ + 15) / 16)), stream_(stream), populate_(populate) {}
 
     /// Copies blocks until none is left; the records this thread copied.
     std::uint32_t work() noexcept {
@@ -184,6 +187,7 @@ public:
             const std::uint32_t i = next_.fetch_add(block_, std::memory_order_relaxed);
             if (i >= n_) break;  // nothing of the batch is touched past this point
             const std::uint32_t end = std::min(n_, i + block_);
+            if (populate_) populate(dst_ + offsets_[i], offsets_[end] - offsets_[i]);
             for (std::uint32_t j = i; j < end; ++j)
                 if (!copy_one(rs_[j], dst_ + offsets_[j])) {
                     std::uint32_t seen = bad_.load(std::memory_order_relaxed);
@@ -215,7 +219,7 @@ private:
     std::byte* dst_;
     const std::uint64_t* offsets_;
     std::uint32_t n_, block_;
-    bool stream_;
+    bool stream_, populate_;
     std::atomic<std::uint32_t> next_{0}, copied_{0}, bad_{~std::uint32_t{0}};
 };
 
@@ -463,9 +467,12 @@ inline host_batch collate_records(std::vector<record>& rs, buffer_source& mem, c
         // Records of different sizes make batches of different sizes: memory that may also
         // serve the next, larger batch (buffer_source::allocate_varying).
         auto fresh = ragged ? mem.allocate_varying(total) : mem.allocate(total);
-        fresh->will_write(total);
         const bool stream = total >= streamed_batch_bytes;
-        auto copy = std::make_shared<collate_copy>(rs, fresh->data(), b.offsets, stream);
+        // Fresh memory is faulted in a block at a time by the thread that copies the block
+        // (rather than all of it first, by this thread alone: where fresh pages are dear,
+        // 2 s/GiB on a VM with paravirtual paging, that left the helper idle for most of a
+        // first epoch's new batch buffers; bench/RESULTS.md, issue 17, thirtieth session).
+        auto copy = std::make_shared<collate_copy>(rs, fresh->data(), b.offsets, stream, fresh->take_fresh());
         if (helper && total >= helped_collation_bytes && rs.size() >= 2)
             asio::post(*helper, [copy, helped] {
                 const std::uint32_t n = copy->work();

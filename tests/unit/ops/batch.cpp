@@ -14,6 +14,9 @@
 #include <set>
 #include <thread>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 namespace {
 std::vector<sluice::record> records(const std::vector<std::string>& texts) {
     auto s = std::make_shared<const sluice::shard>(sluice::shard{"f", 0, 0});
@@ -328,6 +331,34 @@ TEST_CASE("a large batch's copy shared by two threads gives the bytes of one, it
             REQUIRE(bad == std::optional<std::size_t>(31));
         }
     }
+}
+
+TEST_CASE("fresh batch memory is faulted in by the threads that copy it: fresh once, the bytes of one copy, every page in", "[batch]") {
+    auto rs = large_records(100);  // 6.4 MB: a batch two threads share
+    std::vector<std::uint64_t> offsets{0};
+    for (auto& r : rs) offsets.push_back(offsets.back() + r.data.size());
+    std::string want;
+    for (auto& r : rs) want += r.data.view();
+    auto pool = sluice::buffer_pool::create(128 << 20);
+    auto b = pool->allocate(offsets.back());
+    // Fresh once: the collation takes the faulting over, and will_write then does nothing.
+    REQUIRE(b->take_fresh());
+    REQUIRE_FALSE(b->take_fresh());
+    sluice::detail::collate_copy copy(rs, b->data(), offsets, true, /*populate=*/true);
+    std::uint32_t by_helper = 0;
+    std::thread helper([&] { by_helper = copy.work(); });
+    const std::uint32_t by_worker = copy.work();
+    REQUIRE_FALSE(copy.wait().has_value());
+    helper.join();
+    REQUIRE(by_worker + by_helper == rs.size());
+    REQUIRE(std::string(reinterpret_cast<const char*>(b->data()), offsets.back()) == want);
+    // Every page the batch covers is in memory (populated or written, by either thread).
+    const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    std::vector<unsigned char> v((offsets.back() + page - 1) / page);
+    REQUIRE(::mincore(b->data(), offsets.back(), v.data()) == 0);
+    std::size_t in = 0;
+    for (unsigned char c : v) in += c & 1;
+    REQUIRE(in == v.size());
 }
 
 TEST_CASE("collate_records asks for memory of a varying size only when the batch's records differ in size", "[batch]") {
