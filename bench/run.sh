@@ -60,21 +60,39 @@ best_of_3() {  # command...: prints the best GB/s of three runs over $bytes byte
   done
   echo "$best"
 }
+# The formats rows of goal 1 (issue 17): before each of a row's three probe runs, the
+# peer (peer_cmd: cat of the same files) runs once more, so that the row also gives the
+# ratio of the medians of alternated runs beside best against best: `cat` of these
+# shards moved between 9 and 12.4 GB/s from one stretch of minutes to the next while
+# sluice's rate moved less (bench/RESULTS.md, issue 17, thirtieth session).
+# out_seconds: the probe's seconds, run by run.
+peer_cmd=()
 probe_best() {  # label, peer GB/s, expected.json, probe flags...: best of 3 probe runs, with the ratio
   local label=$1 peer=$2 expected=$3; shift 3
-  local best=0 out="" o gbs epochs=1 prev=""
+  local best=0 out="" o gbs epochs=1 prev="" t0 t1
   for a in "$@"; do [ "$prev" = --epochs ] && epochs=$a; prev=$a; done
+  medians_reset; out_seconds=""
   for i in 1 2 3; do
+    if [ ${#peer_cmd[@]} -gt 0 ]; then
+      t0=$(now); "${peer_cmd[@]}" > /dev/null; t1=$(now)
+      peer_run "$(awk -v b="$bytes" -v a="$t0" -v c="$t1" 'BEGIN { printf "%.3f", b / (c - a) / 1e9 }')" 1
+    fi
     o=$("$probe" --json --quiet --batch 256 "$@")
     [ "$(echo "$o" | field ok)" = true ] || { echo "$o" >&2; exit 1; }
     gbs=$(echo "$o" | field bytes_per_s | awk '{ printf "%.3f", $1 / 1e9 }')
+    sluice_run "$gbs" 1; out_seconds+=" $(echo "$o" | field seconds)"
     if awk -v x="$gbs" -v y="$best" 'BEGIN { exit !(x > y) }'; then best=$gbs; out=$o; fi
   done
   echo "$out"
   out_best=$out
   [ "$(echo "$out" | field records)" = "$(( $(field records < "$expected") * epochs ))" ] || { echo "$label: record count mismatch" >&2; exit 1; }
-  echo "{\"bench\":\"formats\",\"config\":\"$label\",\"bytes\":$bytes,\"sluice_gb_per_s\":$best,\"peer_gb_per_s\":$peer,\"ratio\":$(ratio "$best" "$peer"),\"peak_rss_bytes\":$(echo "$out" | field peak_rss_bytes),\"bottleneck\":\"$(echo "$out" | field bottleneck)\"}"
-  echo "$label: sluice $best GB/s, peer $peer GB/s, ratio $(ratio "$best" "$peer"), bottleneck $(echo "$out" | field bottleneck)" >&2
+  local med="" med_text=""
+  if [ ${#peer_cmd[@]} -gt 0 ]; then
+    med=",\"median_ratio\":$(medians_ratios | cut -d' ' -f1)"
+    med_text="; peer run before each: $(median_rate_text)"
+  fi
+  echo "{\"bench\":\"formats\",\"config\":\"$label\",\"bytes\":$bytes,\"sluice_gb_per_s\":$best,\"peer_gb_per_s\":$peer,\"ratio\":$(ratio "$best" "$peer")$med,\"peak_rss_bytes\":$(echo "$out" | field peak_rss_bytes),\"bottleneck\":\"$(echo "$out" | field bottleneck)\"}"
+  echo "$label: sluice $best GB/s, peer $peer GB/s, ratio $(ratio "$best" "$peer"), bottleneck $(echo "$out" | field bottleneck)$med_text" >&2
 }
 
 for w in "${what[@]}"; do
@@ -119,14 +137,20 @@ for w in "${what[@]}"; do
       files=("$data/$fmt"/shard-*)
       bytes=$(cat "${files[@]}" | wc -c)
       cat_gbs=$(best_of_3 cat "${files[@]}")
+      peer_cmd=(cat "${files[@]}")
       probe_best "$fmt shuffle+batch" "$cat_gbs" "$data/$fmt.json" --format "$fmt" --no-crc --shuffle 10000 --seed 1 "$data/$fmt/shard-*"
-      one=$(echo "$out_best" | field seconds)
+      one=$(echo "$out_best" | field seconds) one_med=$(echo "$out_seconds" | median) cat_med1=$(echo "$mr_peer" | median)
       probe_best "$fmt shuffle+batch 4 epochs" "$cat_gbs" "$data/$fmt.json" --format "$fmt" --no-crc --shuffle 10000 --seed 1 --epochs 4 "$data/$fmt/shard-*"
-      four=$(echo "$out_best" | field seconds)
+      four=$(echo "$out_best" | field seconds) four_med=$(echo "$out_seconds" | median)
       steady=$(awk -v b="$bytes" -v a="$one" -v f="$four" 'BEGIN { printf "%.3f", 3 * b / (f - a) / 1e9 }')
-      echo "{\"bench\":\"formats\",\"config\":\"$fmt shuffle+batch epochs 2-4\",\"sluice_gb_per_s\":$steady,\"peer_gb_per_s\":$cat_gbs,\"ratio\":$(ratio "$steady" "$cat_gbs")}"
-      echo "$fmt shuffle+batch epochs 2-4 (4 epochs' time less the best 1-epoch time): sluice $steady GB/s, peer $cat_gbs GB/s, ratio $(ratio "$steady" "$cat_gbs")" >&2
+      # The same from the medians of each row's runs, against the median of the six cat
+      # runs alternated with them.
+      steady_med=$(awk -v b="$bytes" -v a="$one_med" -v f="$four_med" 'BEGIN { printf "%.3f", 3 * b / (f - a) / 1e9 }')
+      cat_med=$(echo "$cat_med1 $(echo "$mr_peer" | median)" | median)
+      echo "{\"bench\":\"formats\",\"config\":\"$fmt shuffle+batch epochs 2-4\",\"sluice_gb_per_s\":$steady,\"peer_gb_per_s\":$cat_gbs,\"ratio\":$(ratio "$steady" "$cat_gbs"),\"median_ratio\":$(ratio "$steady_med" "$cat_med")}"
+      echo "$fmt shuffle+batch epochs 2-4 (4 epochs' time less the best 1-epoch time): sluice $steady GB/s, peer $cat_gbs GB/s, ratio $(ratio "$steady" "$cat_gbs"); from medians: $steady_med GB/s against cat's $cat_med, ratio $(ratio "$steady_med" "$cat_med")" >&2
       probe_best "$fmt batch" "$cat_gbs" "$data/$fmt.json" --format "$fmt" --no-crc "$data/$fmt/shard-*"
+      peer_cmd=()  # the goal's rows alternate; the rows below compare with the best of cat only
       # Files under 1 MiB are read, not mapped, unless a shuffle holds their records; this
       # row maps them all (the default before read_options::map_min_bytes).
       if [ "$fmt" = raw ]; then
