@@ -345,6 +345,9 @@ stage<chunk, Out> detail::format_stage(std::string name, decode_options o, forma
             if (run.defer_data_crc) {
                 pol->defer_data_crc = true;
                 pol->deferred = &ctx.stats.counter("checks_deferred");
+                // Boundaries of shards read by call kept for the next epoch (TFRecord).
+                pol->index = std::make_shared<record_index>();
+                pol->indexed = &ctx.stats.counter("indexed");
             }
             pol->max_record_bytes = o.max_record_bytes;
             pol->held = {&ctx.stats.counter("held_bytes"), &ctx.stats.counter("held_bytes_peak")};

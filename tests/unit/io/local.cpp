@@ -15,7 +15,9 @@
 #include <sluice/ops/map.hpp>
 #include <sluice/ops/shuffle.hpp>
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <atomic>
@@ -412,6 +414,85 @@ TEST_CASE("tfrecord shards read by call: a bad data checksum is found as batch r
         }
         REQUIRE(read_stage_counter(p, "files_by_call") == 1u);
     }
+}
+
+TEST_CASE("tfrecord shards read by call: later epochs take the record boundaries kept from the first, "
+          "the same records, none where a stage between reads the bytes", "[local][by_call][tfrecord]") {
+    sluice_test::temp_dir d;
+    std::vector<std::string> paths;
+    std::multiset<std::string> want;
+    for (int f = 0; f < 2; ++f) {  // 1.25 MB each: over read's by-call floor of 1 MiB
+        std::string t;
+        for (int i = 0; i < 50; ++i) {
+            want.insert(patterned_bytes(f, i, 25'000 + 5 * i));
+            sluice::append_tfrecord(t, patterned_bytes(f, i, 25'000 + 5 * i));
+        }
+        paths.push_back(d.write("e" + std::to_string(f) + ".tfrecord", t));
+    }
+    const int epochs = 3;
+    std::vector<sluice::shard> shards;
+    for (int e = 0; e < epochs; ++e)
+        for (auto& path : paths) shards.push_back({path, static_cast<std::uint32_t>(e), shards.size() % paths.size()});
+    std::multiset<std::string> every;
+    for (int e = 0; e < epochs; ++e) every.insert(want.begin(), want.end());
+    auto counter = [](const sluice::pipeline<sluice::host_batch>& p, const std::string& name) {
+        for (auto& st : p.figures().stages)
+            for (auto& [n, v] : st.counters)
+                if (st.name == "tfrecord" && n == name) return v;
+        return std::uint64_t{0};
+    };
+    // 4 KiB windows: headers and footers cut by window boundaries, consumed unread.
+    for (std::size_t window : {std::size_t{4096}, std::size_t{4} << 20}) {
+        INFO("window " << window);
+        const sluice::read_options ro{.chunk_size = window};
+        sluice::pipeline p(sluice::from(shards) | sluice::read(ro) | sluice::tfrecord() |
+                           sluice::shuffle({.buffer = 30, .seed = 5}) | sluice::batch({.size = 8}));
+        REQUIRE(batched_records(p) == every);
+        REQUIRE(read_stage_counter(p, "files_by_call") == shards.size());
+        REQUIRE(counter(p, "checks_deferred") == every.size());      // every record checked by batch
+        REQUIRE(counter(p, "indexed") == want.size() * (epochs - 1));  // all but the first epoch's
+    }
+    {  // a map between reads the bytes: the parser checks, nothing is kept
+        const auto same = [](sluice::record r) { return r; };
+        sluice::pipeline p(sluice::from(shards) | sluice::read() | sluice::tfrecord() | sluice::map(same) |
+                           sluice::batch({.size = 8}));
+        REQUIRE(batched_records(p) == every);
+        REQUIRE(counter(p, "indexed") == 0u);
+    }
+}
+
+TEST_CASE("record_index: a file's boundaries are found again only for the same version of it", "[local][by_call][tfrecord]") {
+    sluice_test::temp_dir d;
+    const std::string path = d.write("v.tfrecord", std::string(1000, 'a'));
+    auto key = [&] {
+        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        REQUIRE(fd >= 0);
+        auto k = sluice::detail::record_index::key_of(path, fd);
+        ::close(fd);
+        REQUIRE(k);
+        return *k;
+    };
+    sluice::detail::record_index idx;
+    const auto first = key();
+    idx.keep(first, {{0, 984, 7}});
+    REQUIRE(idx.find(first));
+    REQUIRE(idx.find(key())->at(0).crc == 7u);  // unchanged: found
+    REQUIRE(idx.records_held() == 1u);
+    {  // the same size, a later modification time: not found
+        const timespec later[2] = {{0, UTIME_OMIT}, {first.mtime_ns / 1'000'000'000 + 5, 0}};
+        REQUIRE(::utimensat(AT_FDCWD, path.c_str(), later, 0) == 0);
+        REQUIRE_FALSE(idx.find(key()));
+    }
+    d.write("v.tfrecord", std::string(2000, 'b'));  // rewritten, another size
+    REQUIRE_FALSE(idx.find(key()));
+    // Kept again for the new version: the old one's records no longer count.
+    idx.keep(key(), {{0, 900, 1}, {916, 900, 2}});
+    REQUIRE(idx.find(key())->size() == 2u);
+    REQUIRE(idx.records_held() == 2u);
+    // Nothing past the bound is kept.
+    idx.keep({"big", 1, 2, 3, 4}, std::vector<sluice::detail::record_index::entry>(sluice::detail::record_index::max_records));
+    REQUIRE_FALSE(idx.find({"big", 1, 2, 3, 4}));
+    REQUIRE(idx.records_held() == 2u);
 }
 
 TEST_CASE("a shard read by call that shrinks before batch reads its records is an error naming it and the offset",

@@ -212,6 +212,8 @@ public:
 
     /// Whether the file is kept open for read_at, and the mapping's pages left untouched.
     bool by_call() const noexcept { return fd_ >= 0; }
+    /// The file kept open for read_at (by_call() only; -1 otherwise).
+    int fd() const noexcept { return fd_; }
     /// The error of read_at's first failed pread (0: none; bytes lost by a read that came
     /// back short were lost to a file that shrank).
     int read_error() const noexcept { return read_errno_.load(std::memory_order_acquire); }

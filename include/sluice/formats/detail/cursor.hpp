@@ -13,9 +13,12 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
+
+#include <sys/stat.h>
 
 namespace sluice {
 
@@ -32,6 +35,58 @@ enum class on_corrupt {
 
 namespace detail {
 
+/// A format's record boundaries in the files it has parsed whole, kept for the next
+/// epoch, so that it need not read each header again (TFRecord from shards read by call:
+/// one pread per record, which in a shuffled epoch of 100 KiB records was the parse's
+/// largest cost; bench/RESULTS.md, issue 17, thirtieth session). A file is known by its
+/// path, device, inode, size and modification time (nanoseconds): a file changed between
+/// epochs is parsed afresh. One format worker uses it (no lock). Bounded: at most
+/// max_records records in all (16 bytes each, 16 MiB), later files are not kept.
+struct record_index {
+    struct entry {
+        std::uint64_t start = 0;   // the record's offset (its header)
+        std::uint32_t length = 0;  // of its data
+        std::uint32_t crc = 0;     // its stored (masked) data checksum
+    };
+    struct file_key {
+        std::string path;
+        std::uint64_t dev = 0, ino = 0, size = 0;
+        std::int64_t mtime_ns = 0;
+        bool operator==(const file_key&) const = default;
+    };
+    static constexpr std::size_t max_records = std::size_t{1} << 20;
+
+    /// The key of the file an open descriptor reads; nullopt where fstat fails.
+    static std::optional<file_key> key_of(const std::string& path, int fd) {
+        struct stat st {};
+        if (::fstat(fd, &st) != 0) return std::nullopt;
+        return file_key{path, static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino),
+                        static_cast<std::uint64_t>(st.st_size),
+                        std::int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec};
+    }
+    /// The boundaries kept for `k`'s file, if they were kept for this very version of it.
+    std::shared_ptr<const std::vector<entry>> find(const file_key& k) const {
+        auto it = files_.find(k.path);
+        return it != files_.end() && it->second.first == k ? it->second.second : nullptr;
+    }
+    /// Keeps a file's boundaries (a file parsed whole, without a fault), replacing what
+    /// an older version of it left, while they fit.
+    void keep(const file_key& k, std::vector<entry> e) {
+        if (auto it = files_.find(k.path); it != files_.end()) {
+            held_ -= it->second.second->size();
+            files_.erase(it);
+        }
+        if (held_ + e.size() > max_records) return;
+        held_ += e.size();
+        files_.emplace(k.path, std::make_pair(k, std::make_shared<const std::vector<entry>>(std::move(e))));
+    }
+    std::size_t records_held() const noexcept { return held_; }
+
+private:
+    std::unordered_map<std::string, std::pair<file_key, std::shared_ptr<const std::vector<entry>>>> files_;
+    std::size_t held_ = 0;
+};
+
 /// The part of a format's options the parser sees.
 struct parse_policy {
     on_corrupt corrupt = on_corrupt::error;
@@ -41,6 +96,10 @@ struct parse_policy {
     /// see detail::records_checked_after), counting each in `deferred`.
     bool defer_data_crc = false;
     std::atomic<std::uint64_t>* deferred = nullptr;
+    /// TFRecord, where it defers data checksums: boundaries kept from an earlier epoch
+    /// (record_index), and the records given from them (the stage's "indexed" counter).
+    std::shared_ptr<record_index> index;
+    std::atomic<std::uint64_t>* indexed = nullptr;
     std::size_t max_record_bytes = std::size_t{1} << 30;
     std::atomic<std::uint64_t>* skipped = nullptr;  // the stage's "corrupt" counter
     std::atomic<std::uint64_t>* ignored = nullptr;  // WebDataset: files with no extension
@@ -73,6 +132,8 @@ public:
     }
     /// Offset of the next unread byte (of a record being assembled: of its first byte).
     std::uint64_t offset() const noexcept { return offset_; }
+    /// The mapped file the current chunk is a window of, or null.
+    const file_mapping* file() const noexcept { return cur_.file(); }
     std::size_t chunk_left() const noexcept { return cur_.size() - pos_; }
     /// Nothing held between chunks: at the end of a shard, anything else is a truncation.
     bool empty() const noexcept { return stash_.empty() && !assembling_ && skip_ == 0; }

@@ -5,6 +5,11 @@
 #include <sluice/formats/crc32c.hpp>
 #include <sluice/formats/detail/cursor.hpp>
 
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
 namespace sluice::detail {
 
 struct tfrecord_parser : parser_base {
@@ -14,11 +19,45 @@ struct tfrecord_parser : parser_base {
     std::uint64_t index = 0;
     bool resyncing = false;  // scanning for a valid header after a corrupt one
     bytes data;
+    // Boundaries (parse_policy::index): `known`, kept from an earlier epoch for this very
+    // file, gives the records from `k` on without reading their headers and footers;
+    // else `seen` collects them as they are parsed, kept at the shard's sound end.
+    bool looked = false;
+    std::shared_ptr<const std::vector<record_index::entry>> known;
+    std::size_t k = 0;
+    bool from_known = false;  // the record in progress came from `known`
+    std::optional<record_index::file_key> key;
+    std::vector<record_index::entry> seen;
+
+    /// At the shard's first header: boundaries apply to a shard read by call from its
+    /// start whose data checksums go to batch (the records are the same either way: the
+    /// checksum batch checks covers their data; the headers were checked when kept).
+    void look_up() {
+        looked = true;
+        const auto* f = cur.file();
+        if (!pol->index || !pol->verify || !pol->defer_data_crc || inflated || cur.offset() != 0 || !f || !f->by_call())
+            return;
+        key = record_index::key_of(f->path(), f->fd());
+        if (key) known = pol->index->find(*key);
+    }
 
     void parse(std::vector<record>& out) {
         for (;;) {
             switch (at) {
             case phase::header: {
+                if (!looked) look_up();
+                if (known) {
+                    if (k < known->size() && (*known)[k].start == cur.offset()) {
+                        start = cur.offset();
+                        length = (*known)[k].length;
+                        from_known = true;
+                        cur.consume(12);
+                        at = phase::data;
+                        goto data;  // as the header read below would
+                    }
+                    known = nullptr;  // past what was kept (or not where it says): read on
+                    key.reset();
+                }
                 const std::byte* h = cur.peek(12);
                 if (!h) return;
                 const std::uint64_t len = le64(h);
@@ -50,13 +89,25 @@ struct tfrecord_parser : parser_base {
                 [[fallthrough]];
             }
             case phase::data:
+            data:
                 if (!cur.take(static_cast<std::size_t>(length), data)) return;
                 at = phase::footer;
                 [[fallthrough]];
             case phase::footer: {
-                const std::byte* f = cur.peek(4);
-                if (!f) return;
-                const std::uint32_t stored = le32(f);
+                std::uint32_t stored = 0;
+                if (from_known) {
+                    stored = (*known)[k++].crc;
+                    from_known = false;
+                    if (pol->indexed) pol->indexed->fetch_add(1, std::memory_order_relaxed);
+                } else {
+                    const std::byte* f = cur.peek(4);
+                    if (!f) return;
+                    stored = le32(f);
+                    if (key && !known) {
+                        if (length <= UINT32_MAX) seen.push_back({start, static_cast<std::uint32_t>(length), stored});
+                        else key.reset();  // not kept
+                    }
+                }
                 cur.consume(4);
                 at = phase::header;
                 const std::uint64_t i = index++;
@@ -85,10 +136,17 @@ struct tfrecord_parser : parser_base {
         at = phase::header;
         resyncing = false;
         data = {};
+        known = nullptr;  // bytes were lost: nothing of this shard is kept
+        from_known = false;
+        key.reset();
     }
 
     void finish(std::vector<record>&) {
-        if (at == phase::header && cur.empty()) return;
+        if (at == phase::header && cur.empty()) {
+            // Parsed whole and sound: its boundaries serve the next epoch.
+            if (key && !known && pol->index) pol->index->keep(*key, std::move(seen));
+            return;
+        }
         if (resyncing) return;  // already reported: the tail held no valid record
         const std::uint64_t at_offset = at == phase::header && !cur.skipping() ? cur.offset() : start;
         bad("truncated TFRecord (the shard ends inside a record)", at_offset);
