@@ -17,6 +17,10 @@ namespace sluice {
 /// same, text, shard and offset, thrown by batch when the record's batch is made (or
 /// dropped, under drop_last). Gzip'd shards, any other stage after it (a map reads the
 /// bytes) or on_corrupt::skip: the parser checks.
+/// There, a shard read by call (read()'s default) and parsed whole and sound leaves its
+/// record boundaries for the next epoch (detail::record_index: 16 bytes a record, at most
+/// 2^20 records): the same version of the file (path, device, inode, size, modification
+/// time) is then parsed without reading its headers ("indexed" counts those records).
 /// Backpressure: one record being assembled per shard plus the output channel.
 /// Errors: bad length or data checksum, a length over max_record_bytes, a truncated last
 /// record: a sluice::source_error naming the shard and byte offset, after every record
