@@ -139,14 +139,14 @@ for w in "${what[@]}"; do
       cat_gbs=$(best_of_3 cat "${files[@]}")
       peer_cmd=(cat "${files[@]}")
       probe_best "$fmt shuffle+batch" "$cat_gbs" "$data/$fmt.json" --format "$fmt" --no-crc --shuffle 10000 --seed 1 "$data/$fmt/shard-*"
-      one=$(echo "$out_best" | field seconds) one_med=$(echo "$out_seconds" | median) cat_med1=$(echo "$mr_peer" | median)
+      one=$(echo "$out_best" | field seconds) one_med=$(echo "$out_seconds" | median) cat_runs1=$mr_peer
       probe_best "$fmt shuffle+batch 4 epochs" "$cat_gbs" "$data/$fmt.json" --format "$fmt" --no-crc --shuffle 10000 --seed 1 --epochs 4 "$data/$fmt/shard-*"
       four=$(echo "$out_best" | field seconds) four_med=$(echo "$out_seconds" | median)
       steady=$(awk -v b="$bytes" -v a="$one" -v f="$four" 'BEGIN { printf "%.3f", 3 * b / (f - a) / 1e9 }')
       # The same from the medians of each row's runs, against the median of the six cat
       # runs alternated with them.
       steady_med=$(awk -v b="$bytes" -v a="$one_med" -v f="$four_med" 'BEGIN { printf "%.3f", 3 * b / (f - a) / 1e9 }')
-      cat_med=$(echo "$cat_med1 $(echo "$mr_peer" | median)" | median)
+      cat_med=$(echo "$cat_runs1 $mr_peer" | median)
       echo "{\"bench\":\"formats\",\"config\":\"$fmt shuffle+batch epochs 2-4\",\"sluice_gb_per_s\":$steady,\"peer_gb_per_s\":$cat_gbs,\"ratio\":$(ratio "$steady" "$cat_gbs"),\"median_ratio\":$(ratio "$steady_med" "$cat_med")}"
       echo "$fmt shuffle+batch epochs 2-4 (4 epochs' time less the best 1-epoch time): sluice $steady GB/s, peer $cat_gbs GB/s, ratio $(ratio "$steady" "$cat_gbs"); from medians: $steady_med GB/s against cat's $cat_med, ratio $(ratio "$steady_med" "$cat_med")" >&2
       probe_best "$fmt batch" "$cat_gbs" "$data/$fmt.json" --format "$fmt" --no-crc "$data/$fmt/shard-*"

@@ -19,8 +19,11 @@ namespace sluice {
 /// bytes) or on_corrupt::skip: the parser checks.
 /// There, a shard read by call (read()'s default) and parsed whole and sound leaves its
 /// record boundaries for the next epoch (detail::record_index: 16 bytes a record, at most
-/// 2^20 records): the same version of the file (path, device, inode, size, modification
-/// time) is then parsed without reading its headers ("indexed" counts those records).
+/// 2^20 records in all, bookkeeping counted): the same version of the file (path, device,
+/// inode, size, modification and status-change times) is then parsed without reading
+/// its headers and footers ("indexed" counts those records). Batch still checks every
+/// record's data checksum; a header or footer damaged after the first epoch without a
+/// write to the file (which would change its status-change time) is not seen.
 /// Backpressure: one record being assembled per shard plus the output channel.
 /// Errors: bad length or data checksum, a length over max_record_bytes, a truncated last
 /// record: a sluice::source_error naming the shard and byte offset, after every record

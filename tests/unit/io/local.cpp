@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 
 namespace {
@@ -417,29 +418,41 @@ TEST_CASE("tfrecord shards read by call: a bad data checksum is found as batch r
 }
 
 TEST_CASE("tfrecord shards read by call: later epochs take the record boundaries kept from the first, "
-          "the same records, none where a stage between reads the bytes", "[local][by_call][tfrecord]") {
+          "the same records with the same ordinals, none where a stage between reads the bytes", "[local][by_call][tfrecord]") {
     sluice_test::temp_dir d;
     std::vector<std::string> paths;
-    std::multiset<std::string> want;
+    std::map<std::pair<std::string, std::uint64_t>, std::string> want;  // (shard, ordinal) -> bytes
     for (int f = 0; f < 2; ++f) {  // 1.25 MB each: over read's by-call floor of 1 MiB
         std::string t;
-        for (int i = 0; i < 50; ++i) {
-            want.insert(patterned_bytes(f, i, 25'000 + 5 * i));
-            sluice::append_tfrecord(t, patterned_bytes(f, i, 25'000 + 5 * i));
-        }
+        for (int i = 0; i < 50; ++i) sluice::append_tfrecord(t, patterned_bytes(f, i, 25'000 + 5 * i));
         paths.push_back(d.write("e" + std::to_string(f) + ".tfrecord", t));
+        for (int i = 0; i < 50; ++i) want[{paths.back(), std::uint64_t(i)}] = patterned_bytes(f, i, 25'000 + 5 * i);
     }
     const int epochs = 3;
     std::vector<sluice::shard> shards;
     for (int e = 0; e < epochs; ++e)
         for (auto& path : paths) shards.push_back({path, static_cast<std::uint32_t>(e), shards.size() % paths.size()});
-    std::multiset<std::string> every;
-    for (int e = 0; e < epochs; ++e) every.insert(want.begin(), want.end());
     auto counter = [](const sluice::pipeline<sluice::host_batch>& p, const std::string& name) {
+        std::optional<std::uint64_t> v;
         for (auto& st : p.figures().stages)
-            for (auto& [n, v] : st.counters)
-                if (st.name == "tfrecord" && n == name) return v;
-        return std::uint64_t{0};
+            for (auto& [n, c] : st.counters)
+                if (st.name == "tfrecord" && n == name) v = c;
+        return v;
+    };
+    // Every record of every batch, by shard and ordinal: each must come `epochs` times,
+    // each time the bytes written at that ordinal.
+    auto check = [&](sluice::pipeline<sluice::host_batch>& p) {
+        std::map<std::pair<std::string, std::uint64_t>, int> seen;
+        for (auto& hb : p)
+            for (std::size_t i = 0; i + 1 < hb.offsets.size(); ++i) {
+                const std::pair<std::string, std::uint64_t> at{hb.sources[i]->url, hb.indices[i]};
+                INFO(at.first << " #" << at.second);
+                REQUIRE(want.count(at));
+                REQUIRE(sluice_test::bytes_str(hb.data).substr(hb.offsets[i], hb.offsets[i + 1] - hb.offsets[i]) == want[at]);
+                ++seen[at];
+            }
+        REQUIRE(seen.size() == want.size());
+        for (auto& [at, n] : seen) REQUIRE(n == epochs);
     };
     // 4 KiB windows: headers and footers cut by window boundaries, consumed unread.
     for (std::size_t window : {std::size_t{4096}, std::size_t{4} << 20}) {
@@ -447,17 +460,81 @@ TEST_CASE("tfrecord shards read by call: later epochs take the record boundaries
         const sluice::read_options ro{.chunk_size = window};
         sluice::pipeline p(sluice::from(shards) | sluice::read(ro) | sluice::tfrecord() |
                            sluice::shuffle({.buffer = 30, .seed = 5}) | sluice::batch({.size = 8}));
-        REQUIRE(batched_records(p) == every);
+        check(p);
         REQUIRE(read_stage_counter(p, "files_by_call") == shards.size());
-        REQUIRE(counter(p, "checks_deferred") == every.size());      // every record checked by batch
-        REQUIRE(counter(p, "indexed") == want.size() * (epochs - 1));  // all but the first epoch's
+        REQUIRE(counter(p, "checks_deferred") == want.size() * epochs);  // every record checked by batch
+        REQUIRE(counter(p, "indexed") == want.size() * (epochs - 1));   // all but the first epoch's
     }
     {  // a map between reads the bytes: the parser checks, nothing is kept
         const auto same = [](sluice::record r) { return r; };
         sluice::pipeline p(sluice::from(shards) | sluice::read() | sluice::tfrecord() | sluice::map(same) |
                            sluice::batch({.size = 8}));
-        REQUIRE(batched_records(p) == every);
-        REQUIRE(counter(p, "indexed") == 0u);
+        check(p);
+        REQUIRE(counter(p, "checks_deferred").value_or(0) == 0u);
+        REQUIRE(counter(p, "indexed").value_or(0) == 0u);
+    }
+}
+
+TEST_CASE("tfrecord: boundaries kept for a file that do not hold to its end, or not where it is, give way to its headers",
+          "[local][by_call][tfrecord]") {
+    sluice_test::temp_dir d;
+    std::string t;
+    std::vector<std::uint64_t> at;
+    std::vector<std::string> want;
+    for (int i = 0; i < 20; ++i) {
+        at.push_back(t.size());
+        want.push_back(patterned_bytes(2, i, 3'000 + 11 * i));
+        sluice::append_tfrecord(t, want.back());
+    }
+    const std::string path = d.write("k.tfrecord", t);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    auto mapping = sluice::detail::file_mapping::open(fd, t.size(), path, /*by_call=*/true);
+    REQUIRE(mapping);
+    REQUIRE(mapping->by_call());
+    const auto key = sluice::detail::record_index::key_of(path, fd);
+    ::close(fd);
+    REQUIRE(key);
+    // What the parser finds in the file itself: each record's entry.
+    std::vector<sluice::detail::record_index::entry> truth;
+    for (int i = 0; i < 20; ++i)
+        truth.push_back({at[i], static_cast<std::uint32_t>(want[i].size()), sluice::crc32c_mask(sluice::crc32c(want[i].data(), want[i].size()))});
+    auto parse = [&](std::vector<sluice::detail::record_index::entry> kept, std::size_t window) {
+        auto pol = std::make_shared<sluice::detail::parse_policy>();
+        pol->defer_data_crc = true;
+        pol->index = std::make_shared<sluice::detail::record_index>();
+        std::atomic<std::uint64_t> indexed{0};
+        pol->indexed = &indexed;
+        pol->index->keep(*key, std::move(kept));
+        sluice::detail::tfrecord_parser p;
+        p.pol = pol.get();
+        p.src = std::make_shared<const sluice::shard>(sluice::shard{path, 0, 0});
+        std::vector<sluice::record> out;
+        for (std::size_t off = 0; off < t.size(); off += window) {
+            const std::size_t n = std::min(window, t.size() - off);
+            p.cur.feed(sluice::bytes(std::make_shared<const sluice::buffer>(mapping, off, n), n));
+            p.parse(out);
+        }
+        p.finish(out);
+        for (std::size_t i = 0; i < out.size(); ++i) {
+            INFO("record " << i);
+            REQUIRE(out[i].index == i);
+            REQUIRE(out[i].offset == at[i]);
+            REQUIRE(out[i].unchecked_crc32c == truth[i].crc);
+            std::string got(out[i].data.size(), '\0');
+            out[i].data.copy_to(reinterpret_cast<std::byte*>(got.data()), 0, got.size());
+            REQUIRE(got == want[i]);
+        }
+        REQUIRE(out.size() == want.size());
+        return indexed.load();
+    };
+    for (std::size_t window : {std::size_t{1000}, std::size_t{1} << 20}) {
+        INFO("window " << window);
+        REQUIRE(parse(truth, window) == 20u);  // all from the index
+        REQUIRE(parse({truth.begin(), truth.begin() + 7}, window) == 7u);  // 7 kept, the rest read
+        auto off = truth;
+        off[5].start += 1;  // not where the file has record 5: read from there on
+        REQUIRE(parse(off, window) == 5u);
     }
 }
 
@@ -477,7 +554,18 @@ TEST_CASE("record_index: a file's boundaries are found again only for the same v
     idx.keep(first, {{0, 984, 7}});
     REQUIRE(idx.find(first));
     REQUIRE(idx.find(key())->at(0).crc == 7u);  // unchanged: found
-    REQUIRE(idx.records_held() == 1u);
+    const std::size_t one = idx.records_held();  // its entry and the file's bookkeeping
+    REQUIRE(one > 1u);
+    REQUIRE(idx.room(path) == sluice::detail::record_index::max_records - one - (one - 1));
+    {  // rewritten with the same size, its modification time set back: the status-change time tells
+        d.write("v.tfrecord", std::string(1000, 'c'));
+        const timespec back[2] = {{0, UTIME_OMIT}, {first.mtime_ns / 1'000'000'000, first.mtime_ns % 1'000'000'000}};
+        REQUIRE(::utimensat(AT_FDCWD, path.c_str(), back, 0) == 0);
+        const auto k = key();
+        REQUIRE(k.size == first.size);
+        REQUIRE(k.mtime_ns == first.mtime_ns);
+        REQUIRE_FALSE(idx.find(k));
+    }
     {  // the same size, a later modification time: not found
         const timespec later[2] = {{0, UTIME_OMIT}, {first.mtime_ns / 1'000'000'000 + 5, 0}};
         REQUIRE(::utimensat(AT_FDCWD, path.c_str(), later, 0) == 0);
@@ -485,14 +573,18 @@ TEST_CASE("record_index: a file's boundaries are found again only for the same v
     }
     d.write("v.tfrecord", std::string(2000, 'b'));  // rewritten, another size
     REQUIRE_FALSE(idx.find(key()));
-    // Kept again for the new version: the old one's records no longer count.
+    // Kept again for the new version: the old one's entries no longer count.
     idx.keep(key(), {{0, 900, 1}, {916, 900, 2}});
     REQUIRE(idx.find(key())->size() == 2u);
-    REQUIRE(idx.records_held() == 2u);
+    REQUIRE(idx.records_held() == one + 1);
     // Nothing past the bound is kept.
-    idx.keep({"big", 1, 2, 3, 4}, std::vector<sluice::detail::record_index::entry>(sluice::detail::record_index::max_records));
-    REQUIRE_FALSE(idx.find({"big", 1, 2, 3, 4}));
-    REQUIRE(idx.records_held() == 2u);
+    const sluice::detail::record_index::file_key big{"big", 1, 2, 3, 4, 5};
+    idx.keep(big, std::vector<sluice::detail::record_index::entry>(idx.room("big") + 1));
+    REQUIRE_FALSE(idx.find(big));
+    REQUIRE(idx.records_held() == one + 1);
+    idx.keep(big, std::vector<sluice::detail::record_index::entry>(idx.room("big")));  // just fits
+    REQUIRE(idx.find(big));
+    REQUIRE(idx.room("other") == 0u);
 }
 
 TEST_CASE("a shard read by call that shrinks before batch reads its records is an error naming it and the offset",

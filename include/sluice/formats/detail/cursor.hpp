@@ -39,9 +39,13 @@ namespace detail {
 /// epoch, so that it need not read each header again (TFRecord from shards read by call:
 /// one pread per record, which in a shuffled epoch of 100 KiB records was the parse's
 /// largest cost; bench/RESULTS.md, issue 17, thirtieth session). A file is known by its
-/// path, device, inode, size and modification time (nanoseconds): a file changed between
-/// epochs is parsed afresh. One format worker uses it (no lock). Bounded: at most
-/// max_records records in all (16 bytes each, 16 MiB), later files are not kept.
+/// path, device, inode, size, and modification and status-change times (nanoseconds;
+/// a write moves the second, which no program can set back): a file changed between
+/// epochs is parsed afresh. One format worker uses it, made in its stage's body (no
+/// lock: it must not move to state the workers of a run share). Bounded: at most
+/// max_records entries of 16 bytes in all, each file charged its bookkeeping too (16
+/// MiB); a parser collects a file's entries only while they fit (room()), and a file that
+/// does not fit is parsed every epoch as before.
 struct record_index {
     struct entry {
         std::uint64_t start = 0;   // the record's offset (its header)
@@ -51,7 +55,7 @@ struct record_index {
     struct file_key {
         std::string path;
         std::uint64_t dev = 0, ino = 0, size = 0;
-        std::int64_t mtime_ns = 0;
+        std::int64_t mtime_ns = 0, ctime_ns = 0;
         bool operator==(const file_key&) const = default;
     };
     static constexpr std::size_t max_records = std::size_t{1} << 20;
@@ -60,30 +64,48 @@ struct record_index {
     static std::optional<file_key> key_of(const std::string& path, int fd) {
         struct stat st {};
         if (::fstat(fd, &st) != 0) return std::nullopt;
+        auto ns = [](const timespec& t) { return std::int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec; };
         return file_key{path, static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino),
-                        static_cast<std::uint64_t>(st.st_size),
-                        std::int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec};
+                        static_cast<std::uint64_t>(st.st_size), ns(st.st_mtim), ns(st.st_ctim)};
     }
     /// The boundaries kept for `k`'s file, if they were kept for this very version of it.
     std::shared_ptr<const std::vector<entry>> find(const file_key& k) const {
         auto it = files_.find(k.path);
-        return it != files_.end() && it->second.first == k ? it->second.second : nullptr;
+        return it != files_.end() && it->second.key == k ? it->second.entries : nullptr;
+    }
+    /// How many more entries a file parsed now could keep, its own bookkeeping charged.
+    std::size_t room(const std::string& path) const noexcept {
+        const std::size_t cost = overhead(path);
+        return held_ + cost < max_records ? max_records - held_ - cost : 0;
     }
     /// Keeps a file's boundaries (a file parsed whole, without a fault), replacing what
-    /// an older version of it left, while they fit.
-    void keep(const file_key& k, std::vector<entry> e) {
+    /// an older version of it left, if they fit. Best effort: what cannot be kept is
+    /// dropped (a failed allocation too).
+    void keep(const file_key& k, std::vector<entry> e) noexcept {
         if (auto it = files_.find(k.path); it != files_.end()) {
-            held_ -= it->second.second->size();
+            held_ -= it->second.charged;
             files_.erase(it);
         }
-        if (held_ + e.size() > max_records) return;
-        held_ += e.size();
-        files_.emplace(k.path, std::make_pair(k, std::make_shared<const std::vector<entry>>(std::move(e))));
+        if (e.size() > room(k.path)) return;
+        try {
+            const std::size_t charged = e.size() + overhead(k.path);
+            files_.emplace(k.path, kept{k, std::make_shared<const std::vector<entry>>(std::move(e)), charged});
+            held_ += charged;
+        } catch (...) {
+        }
     }
+    /// Entries held, each file's bookkeeping counted as entries.
     std::size_t records_held() const noexcept { return held_; }
 
 private:
-    std::unordered_map<std::string, std::pair<file_key, std::shared_ptr<const std::vector<entry>>>> files_;
+    struct kept {
+        file_key key;
+        std::shared_ptr<const std::vector<entry>> entries;
+        std::size_t charged = 0;
+    };
+    // A file's map node, key, control block and vector, in entries of 16 bytes.
+    static std::size_t overhead(const std::string& path) noexcept { return (256 + 2 * path.size()) / sizeof(entry); }
+    std::unordered_map<std::string, kept> files_;
     std::size_t held_ = 0;
 };
 
@@ -134,6 +156,8 @@ public:
     std::uint64_t offset() const noexcept { return offset_; }
     /// The mapped file the current chunk is a window of, or null.
     const file_mapping* file() const noexcept { return cur_.file(); }
+    /// The current chunk (a slice of it keeps its memory or mapping alive).
+    const bytes& chunk_bytes() const noexcept { return cur_; }
     std::size_t chunk_left() const noexcept { return cur_.size() - pos_; }
     /// Nothing held between chunks: at the end of a shard, anything else is a truncation.
     bool empty() const noexcept { return stash_.empty() && !assembling_ && skip_ == 0; }

@@ -28,6 +28,8 @@ struct tfrecord_parser : parser_base {
     bool from_known = false;  // the record in progress came from `known`
     std::optional<record_index::file_key> key;
     std::vector<record_index::entry> seen;
+    std::size_t room = 0;  // entries `seen` may hold (record_index::room)
+    bytes file_held;       // keeps the file open until finish() checks it is unchanged
 
     /// At the shard's first header: boundaries apply to a shard read by call from its
     /// start whose data checksums go to batch (the records are the same either way: the
@@ -38,7 +40,17 @@ struct tfrecord_parser : parser_base {
         if (!pol->index || !pol->verify || !pol->defer_data_crc || inflated || cur.offset() != 0 || !f || !f->by_call())
             return;
         key = record_index::key_of(f->path(), f->fd());
-        if (key) known = pol->index->find(*key);
+        if (!key) return;
+        known = pol->index->find(*key);
+        room = known ? 0 : pol->index->room(key->path);
+        if (!known && room == 0) key.reset();  // nothing more can be kept
+        if (key) file_held = cur.chunk_bytes().slice(0, 0);
+    }
+    /// Nothing of this shard is kept: what was collected is freed.
+    void forget() noexcept {
+        key.reset();
+        std::vector<record_index::entry>{}.swap(seen);
+        file_held = {};
     }
 
     void parse(std::vector<record>& out) {
@@ -53,10 +65,10 @@ struct tfrecord_parser : parser_base {
                         from_known = true;
                         cur.consume(12);
                         at = phase::data;
-                        goto data;  // as the header read below would
+                        continue;  // on to the data, as after a header read below
                     }
                     known = nullptr;  // past what was kept (or not where it says): read on
-                    key.reset();
+                    forget();
                 }
                 const std::byte* h = cur.peek(12);
                 if (!h) return;
@@ -89,7 +101,6 @@ struct tfrecord_parser : parser_base {
                 [[fallthrough]];
             }
             case phase::data:
-            data:
                 if (!cur.take(static_cast<std::size_t>(length), data)) return;
                 at = phase::footer;
                 [[fallthrough]];
@@ -104,8 +115,10 @@ struct tfrecord_parser : parser_base {
                     if (!f) return;
                     stored = le32(f);
                     if (key && !known) {
-                        if (length <= UINT32_MAX) seen.push_back({start, static_cast<std::uint32_t>(length), stored});
-                        else key.reset();  // not kept
+                        if (length <= UINT32_MAX && seen.size() < room)
+                            seen.push_back({start, static_cast<std::uint32_t>(length), stored});
+                        else
+                            forget();  // more than can be kept (or a length over 32 bits): not kept
                     }
                 }
                 cur.consume(4);
@@ -138,13 +151,17 @@ struct tfrecord_parser : parser_base {
         data = {};
         known = nullptr;  // bytes were lost: nothing of this shard is kept
         from_known = false;
-        key.reset();
+        forget();
     }
 
     void finish(std::vector<record>&) {
         if (at == phase::header && cur.empty()) {
-            // Parsed whole and sound: its boundaries serve the next epoch.
-            if (key && !known && pol->index) pol->index->keep(*key, std::move(seen));
+            // Parsed whole and sound: its boundaries serve the next epoch, if the file is
+            // still the version it was when its parse began.
+            if (key && !known && pol->index && file_held.file() &&
+                record_index::key_of(key->path, file_held.file()->fd()) == key)
+                pol->index->keep(*key, std::move(seen));
+            forget();
             return;
         }
         if (resyncing) return;  // already reported: the tail held no valid record
