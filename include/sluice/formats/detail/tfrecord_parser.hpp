@@ -20,12 +20,12 @@ struct tfrecord_parser : parser_base {
     bool resyncing = false;  // scanning for a valid header after a corrupt one
     bytes data;
     // Boundaries (parse_policy::index): `known`, kept from an earlier epoch for this very
-    // file, gives the records from `k` on without reading their headers and footers;
-    // else `seen` collects them as they are parsed, kept at the shard's sound end.
+    // file, gives record `index` (its entry `index`: known is used from the shard's start)
+    // without reading its header and footer, and while it is set the record in progress
+    // came from it; else `seen` collects them as they are parsed, kept at the shard's
+    // sound end.
     bool looked = false;
     std::shared_ptr<const std::vector<record_index::entry>> known;
-    std::size_t k = 0;
-    bool from_known = false;  // the record in progress came from `known`
     std::optional<record_index::file_key> key;
     std::vector<record_index::entry> seen;
     std::size_t room = 0;  // entries `seen` may hold (record_index::room)
@@ -59,10 +59,9 @@ struct tfrecord_parser : parser_base {
             case phase::header: {
                 if (!looked) look_up();
                 if (known) {
-                    if (k < known->size() && (*known)[k].start == cur.offset()) {
+                    if (index < known->size() && (*known)[index].start == cur.offset()) {
                         start = cur.offset();
-                        length = (*known)[k].length;
-                        from_known = true;
+                        length = (*known)[index].length;
                         cur.consume(12);
                         at = phase::data;
                         continue;  // on to the data, as after a header read below
@@ -106,15 +105,14 @@ struct tfrecord_parser : parser_base {
                 [[fallthrough]];
             case phase::footer: {
                 std::uint32_t stored = 0;
-                if (from_known) {
-                    stored = (*known)[k++].crc;
-                    from_known = false;
+                if (known) {
+                    stored = (*known)[index].crc;
                     if (pol->indexed) pol->indexed->fetch_add(1, std::memory_order_relaxed);
                 } else {
                     const std::byte* f = cur.peek(4);
                     if (!f) return;
                     stored = le32(f);
-                    if (key && !known) {
+                    if (key) {
                         if (length <= UINT32_MAX && seen.size() < room)
                             seen.push_back({start, static_cast<std::uint32_t>(length), stored});
                         else
@@ -150,7 +148,6 @@ struct tfrecord_parser : parser_base {
         resyncing = false;
         data = {};
         known = nullptr;  // bytes were lost: nothing of this shard is kept
-        from_known = false;
         forget();
     }
 
