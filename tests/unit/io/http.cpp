@@ -298,6 +298,48 @@ TEST_CASE("fetch: large plain-HTTP bodies are received straight into the chunks,
     }
 }
 
+TEST_CASE("fetch: a directly received body that trickles in below its socket's low-water mark is read, not taken for a stall", "[http][direct]") {
+    using engine = sluice::detail::curl_engine;
+    // SLUICE_HTTP_RCVLOWAT is read when an engine starts: unset or junk, 256 KiB.
+    for (const std::optional<std::string>& v : {std::optional<std::string>(), std::optional<std::string>("-5"),
+                                                std::optional<std::string>("1M")}) {
+        sluice_test::scoped_env env{{{"SLUICE_HTTP_RCVLOWAT", v}}};
+        REQUIRE(engine::direct_lowat() == (256u << 10));
+    }
+    {
+        sluice_test::scoped_env env{{{"SLUICE_HTTP_RCVLOWAT", std::string("0")}}};
+        REQUIRE(engine::direct_lowat() == 0);
+    }
+    // A mark of 1 MiB on a body of 400 kB that nginx sends at 100 KiB/s, in one burst a
+    // second (limit_rate keeps time in whole seconds): the socket holds the mark only when
+    // the last burst is in (it is lowered to what is left of the body, 3 s after the
+    // first), so until then the lane's poll does not wake for these bytes. The lane reads
+    // every direct socket each round, at least each stall sweep: the body arrives whole,
+    // with no stall found (2 s: more than the bursts' gaps, less than the mark's wait)
+    // and nothing retried.
+    std::shared_ptr<engine> eng;
+    {
+        sluice_test::scoped_env env{{{"SLUICE_HTTP_RCVLOWAT", std::string("1048576")}}};
+        eng = direct_engine("65536");
+    }
+    if (!eng) return;
+    sluice_test::temp_dir www;
+    sluice::detail::rng r(sluice_test::test_seed());
+    const std::string body = random_bytes(r, 400'000);
+    www.write("slow/trickle.bin", body);
+    sluice_test::nginx_server nginx(www.path().string(), false, "    location /slow/ { limit_rate 100k; }\n");
+    const auto before = eng->direct();
+    sluice::pipeline p(sluice::list(nginx.url("slow/trickle.bin")) | sluice::plan() |
+                       sluice::fetch({.chunk_size = 1 << 20, .retries = 0, .stall = std::chrono::seconds(2)}));
+    std::string got;
+    while (auto c = p.next_blocking()) got += c->data.view();
+    REQUIRE(got == body);
+    const auto f = p.figures();
+    REQUIRE(counter(f, "fetch", "retries") == 0);
+    REQUIRE(counter(f, "fetch", "resumes") == 0);
+    REQUIRE(eng->direct() - before == 1);  // the lane received it, under the mark
+}
+
 TEST_CASE("fetch: directly received bodies under resets, stalls and truncations arrive whole, once", "[http][direct][faults]") {
     auto eng = direct_engine("262144");
     if (!eng) return;

@@ -151,6 +151,7 @@ struct http_transfer {
     bool in_unpause = false;       // in curl_easy_pause(CONT), which may call on_write
     int fd = -1;                   // the lane receives the body from it itself (is_direct)
     std::uint64_t left = 0;        // body bytes still to come, when direct
+    int lowat = 0;                 // the socket's SO_RCVLOWAT as set (0: the default, 1 byte)
     curl_off_t curl_seen = 0;      // the body bytes libcurl had counted when the lane took it over
     // The stall limit, on the lane's clock (see lane::sweep_stalls): timed from the request
     // on (`clocked`), from the last byte, header or body, that came; a transfer held for
@@ -216,6 +217,15 @@ public:
             if (const char* v = std::getenv(proxy); v && *v) return 0;
         return env_number("SLUICE_HTTP_DIRECT").value_or(4u << 20);
     }
+    /// The bytes that must wait in a directly received body's socket before its lane
+    /// wakes for them (SO_RCVLOWAT): SLUICE_HTTP_RCVLOWAT when it is a number (0 or 1: a
+    /// wake-up for every arrival, as before), else 256 KiB. One 1 GiB object from nginx on
+    /// loopback, 7 alternated rounds each: 3.08 GB/s and 286 ms of CPU with none, 3.80 and
+    /// 245 with 128 KiB, 4.09 and 233 with 256 KiB, 3.87 and 227 with 512 KiB, 3.30 and 243
+    /// with 1 MiB (bench/RESULTS.md, issue 17, thirty-first session): fewer wake-ups of the
+    /// lane, each reading more, where a mark much larger leaves the sender waiting on a
+    /// fuller socket. Read each time an engine starts.
+    static std::uint64_t direct_lowat() { return env_number("SLUICE_HTTP_RCVLOWAT").value_or(256u << 10); }
     /// The lanes an engine starts with: SLUICE_HTTP_THREADS when it is 1-16, else half the
     /// CPUs the process may run on (detail::usable_cpus, rounded down), at least 1 and at
     /// most 4. A lane shares the CPUs with the pipeline's own threads (the CPU pool has one
@@ -432,6 +442,7 @@ private:
                 t.curl_seen = seen;
                 t.fd = fd;
                 t.left = static_cast<std::uint64_t>(length) - t.received;
+                set_lowat(t);
                 stream_fence();  // what on_write streamed into the chunk so far, before pull delivers it
                 direct_.push_back(it->second);
                 direct_count.fetch_add(1, std::memory_order_relaxed);
@@ -478,6 +489,18 @@ private:
             return found;
         }
 
+        // A direct transfer's socket wakes the lane's poll only once lowat_ bytes (or the
+        // body's rest, when less) wait in it, rather than at each segment: see
+        // direct_lowat(). Set at the takeover and lowered as the body's end comes nearer, so
+        // that its last bytes wake the poll. A non-blocking recv takes whatever is there
+        // whatever the mark, and the lane reads every direct socket each round, at least
+        // each stall sweep (250 ms): bytes that trickle in below the mark are read by then,
+        // so the stall limit sees them as before.
+        void set_lowat(http_transfer& t) {
+            const int v = static_cast<int>(std::clamp<std::uint64_t>(std::min(lowat_, t.left), 1, 1u << 30));
+            if (v == std::max(1, t.lowat)) return;
+            if (::setsockopt(t.fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v) == 0) t.lowat = v;
+        }
         // Receives what the sockets of direct transfers hold, straight into their chunks.
         void receive_direct() {
             if (direct_.empty()) return;
@@ -536,6 +559,7 @@ private:
                         t.fill = 0;
                     }
                     if (!t.left) return end_direct(t, CURLE_OK);
+                    if (t.left < static_cast<std::uint64_t>(t.lowat)) set_lowat(t);
                     if (full && ++filled == 2) return false;  // the socket is polled again at once
                     continue;
                 }
@@ -660,6 +684,7 @@ private:
         CURLM* multi_ = nullptr;
         tls_sessions tls_;  // this lane's transfers' TLS sessions
         const std::uint64_t direct_min_ = direct_threshold();
+        const std::uint64_t lowat_ = direct_lowat();
         socket_list sockets_;  // before multi_'s cleanup in ~lane closes them
         std::vector<std::shared_ptr<http_transfer>> direct_;  // received by this thread, in order taken
         std::vector<curl_waitfd> waits_;
