@@ -49,7 +49,8 @@ struct fetch_options {
     unsigned parts_in_flight = 4;
     /// ... but the parts after an object's first go in parallel only once the object has
     /// come at below this many bytes per second (from its first chunk on, each later
-    /// part's wait for its answer counted, its waits for the reader or its turn not), and
+    /// part's wait for its answer counted, its waits for the reader or its turn not;
+    /// judged from 10 ms of that time on, while a new connection's windows grow), and
     /// then for the rest of it; 0: always (as before this option). From a faster
     /// connection its parts come one after another: there one connection is as fast as the
     /// receiving core, and parts in parallel only cost CPU (on loopback four in flight

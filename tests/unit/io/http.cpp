@@ -227,7 +227,8 @@ TEST_CASE("fetch: large plain-HTTP bodies are received straight into the chunks,
     if (!direct_engine(std::nullopt)) return;
     // SLUICE_HTTP_DIRECT is read when an engine starts: unset, bodies with 4 MiB or more
     // to come are received by the lane itself; 0 turns that off; junk is the default.
-    sluice_test::scoped_env no_proxy{{{"http_proxy", std::nullopt}, {"all_proxy", std::nullopt}, {"ALL_PROXY", std::nullopt}}};
+    sluice_test::scoped_env no_proxy{{{"http_proxy", std::nullopt}, {"all_proxy", std::nullopt}, {"ALL_PROXY", std::nullopt},
+                                      {"SLUICE_HTTP_RCVLOWAT", std::nullopt}}};
     {
         sluice_test::scoped_env env{{{"SLUICE_HTTP_DIRECT", std::nullopt}}};
         REQUIRE(engine::direct_threshold() == (4u << 20));
@@ -269,6 +270,7 @@ TEST_CASE("fetch: large plain-HTTP bodies are received straight into the chunks,
         INFO((on ? "direct receive on" : "SLUICE_HTTP_DIRECT=0"));
         auto eng = direct_engine(on ? std::nullopt : std::optional<std::string>("0"));
         const auto before = eng->direct();
+        const auto marked_before = eng->direct_marked();
         std::map<std::string, std::string> got;
         std::size_t repeats = 0;
         sluice::pipeline p(sluice::list(urls) | sluice::plan() |
@@ -282,6 +284,8 @@ TEST_CASE("fetch: large plain-HTTP bodies are received straight into the chunks,
         // or more to come after its first piece.
         if (on) REQUIRE(eng->direct() - before >= 13);
         else REQUIRE(eng->direct() == before);
+        // Each body received directly had the default low-water mark (256 KiB) on its socket.
+        REQUIRE(eng->direct_marked() - marked_before == eng->direct() - before);
     }
 
     // .stall = 0 is no stall limit, for the lane's own check as for libcurl's.
@@ -310,33 +314,38 @@ TEST_CASE("fetch: a directly received body that trickles in below its socket's l
         sluice_test::scoped_env env{{{"SLUICE_HTTP_RCVLOWAT", std::string("0")}}};
         REQUIRE(engine::direct_lowat() == 0);
     }
-    // A mark of 1 MiB on a body of 400 kB that nginx sends at 100 KiB/s, in one burst a
-    // second (limit_rate keeps time in whole seconds): the socket holds the mark only when
-    // the last burst is in (it is lowered to what is left of the body, 3 s after the
-    // first), so until then the lane's poll does not wake for these bytes. The lane reads
-    // every direct socket each round, at least each stall sweep: the body arrives whole,
-    // with no stall found (2 s: more than the bursts' gaps, less than the mark's wait)
-    // and nothing retried.
+    // A mark of 1 MiB on a body of 600 kB that nginx sends at 100 KiB/s, in one burst a
+    // second (limit_rate keeps time in whole seconds): the mark is lowered to the body's
+    // rest, which the socket holds only when the last burst is in, 5 s after the first, so
+    // until then the lane's poll does not wake for these bytes. The lane reads every
+    // direct socket each round, and rounds come at least each stall sweep (250 ms): the
+    // body arrives whole, with no stall found (3 s: well over the bursts' gaps, under the
+    // mark's wait) and nothing retried. (Taking the sweep's rounds out of the lane made
+    // this fail with a stall on kernel 6.18. A kernel that wakes a reader early for a
+    // small receive window would pass it either way.)
     std::shared_ptr<engine> eng;
     {
         sluice_test::scoped_env env{{{"SLUICE_HTTP_RCVLOWAT", std::string("1048576")}}};
+        REQUIRE(engine::direct_lowat() == (1u << 20));
         eng = direct_engine("65536");
     }
     if (!eng) return;
     sluice_test::temp_dir www;
     sluice::detail::rng r(sluice_test::test_seed());
-    const std::string body = random_bytes(r, 400'000);
+    const std::string body = random_bytes(r, 600'000);
     www.write("slow/trickle.bin", body);
     sluice_test::nginx_server nginx(www.path().string(), false, "    location /slow/ { limit_rate 100k; }\n");
     const auto before = eng->direct();
+    const auto marked_before = eng->direct_marked();
     sluice::pipeline p(sluice::list(nginx.url("slow/trickle.bin")) | sluice::plan() |
-                       sluice::fetch({.chunk_size = 1 << 20, .retries = 0, .stall = std::chrono::seconds(2)}));
+                       sluice::fetch({.chunk_size = 1 << 20, .retries = 0, .stall = std::chrono::seconds(3)}));
     std::string got;
     while (auto c = p.next_blocking()) got += c->data.view();
     REQUIRE(got == body);
     const auto f = p.figures();
     REQUIRE(counter(f, "fetch", "retries") == 0);
     REQUIRE(counter(f, "fetch", "resumes") == 0);
+    REQUIRE(eng->direct_marked() - marked_before == 1);  // its socket had the mark
     REQUIRE(eng->direct() - before == 1);  // the lane received it, under the mark
 }
 

@@ -203,6 +203,9 @@ public:
     /// Times a directly received transfer was held because its reader was `hold` chunks
     /// (two, or a waiting part's room) behind, over all lanes (for tests and diagnostics).
     std::uint64_t direct_holds() const { return over_lanes(&lane::direct_holds); }
+    /// Directly received transfers whose socket was given a low-water mark (direct_lowat),
+    /// over all lanes (for tests).
+    std::uint64_t direct_marked() const { return over_lanes(&lane::direct_marked); }
     /// The least body left, in bytes, that a lane receives directly: SLUICE_HTTP_DIRECT when
     /// it is a number (0: never), else 4 MiB. Always 0 with a libcurl other than 7.x from
     /// 7.88 (the one this was verified with: it buffers nothing of a plain-HTTP/1.1 body
@@ -224,7 +227,10 @@ public:
     /// 245 with 128 KiB, 4.09 and 233 with 256 KiB, 3.87 and 227 with 512 KiB, 3.30 and 243
     /// with 1 MiB (bench/RESULTS.md, issue 17, thirty-first session): fewer wake-ups of the
     /// lane, each reading more, where a mark much larger leaves the sender waiting on a
-    /// fuller socket. Read each time an engine starts.
+    /// fuller socket. Linux holds the mark to at most half the largest receive buffer, and
+    /// raises the socket's buffer to hold it where it is smaller (its window clamped to
+    /// the mark until TCP's own tuning raises both): measured on loopback only. Read each
+    /// time an engine starts.
     static std::uint64_t direct_lowat() { return env_number("SLUICE_HTTP_RCVLOWAT").value_or(256u << 10); }
     /// The lanes an engine starts with: SLUICE_HTTP_THREADS when it is 1-16, else half the
     /// CPUs the process may run on (detail::usable_cpus, rounded down), at least 1 and at
@@ -376,6 +382,7 @@ private:
         std::atomic<std::uint64_t> started{0};
         std::atomic<std::uint64_t> direct_count{0};  // transfers whose body this lane received directly
         std::atomic<std::uint64_t> direct_holds{0};  // times such a transfer waited for its reader
+        std::atomic<std::uint64_t> direct_marked{0};  // direct transfers whose socket got a low-water mark
 
     private:
         void loop() {
@@ -492,14 +499,18 @@ private:
         // A direct transfer's socket wakes the lane's poll only once lowat_ bytes (or the
         // body's rest, when less) wait in it, rather than at each segment: see
         // direct_lowat(). Set at the takeover and lowered as the body's end comes nearer, so
-        // that its last bytes wake the poll. A non-blocking recv takes whatever is there
-        // whatever the mark, and the lane reads every direct socket each round, at least
-        // each stall sweep (250 ms): bytes that trickle in below the mark are read by then,
-        // so the stall limit sees them as before.
+        // that its last bytes wake the poll; a connection closed or reset wakes it whatever
+        // the mark. A non-blocking recv takes whatever is there whatever the mark, and the
+        // lane reads every direct socket each round, and rounds come at least each stall
+        // sweep (250 ms) while a transfer is live: bytes that trickle in below the mark are
+        // read by then, and the stall limit finds a stall at most a sweep later than it
+        // would have. t.lowat is the mark asked for (the kernel may hold a smaller one).
         void set_lowat(http_transfer& t) {
             const int v = static_cast<int>(std::clamp<std::uint64_t>(std::min(lowat_, t.left), 1, 1u << 30));
             if (v == std::max(1, t.lowat)) return;
-            if (::setsockopt(t.fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v) == 0) t.lowat = v;
+            if (::setsockopt(t.fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v) != 0) return;
+            if (t.lowat == 0) direct_marked.fetch_add(1, std::memory_order_relaxed);
+            t.lowat = v;
         }
         // Receives what the sockets of direct transfers hold, straight into their chunks.
         void receive_direct() {
@@ -560,7 +571,7 @@ private:
                     }
                     if (!t.left) return end_direct(t, CURLE_OK);
                     if (t.left < static_cast<std::uint64_t>(t.lowat)) set_lowat(t);
-                    if (full && ++filled == 2) return false;  // the socket is polled again at once
+                    if (full && ++filled == 2) return false;  // polled again: it wakes at the mark, or the next round reads it
                     continue;
                 }
                 if (n == 0) {  // libcurl's words for the same

@@ -721,13 +721,14 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
             // the CPU of one for the same rate (their bytes wait in four sockets' buffers
             // and leave the cache before they are read; bench/RESULTS.md, issue 17,
             // twenty-second session). None are opened before its second chunk, nor before
-            // 10 ms have passed since its first: a new connection's first milliseconds come
-            // slower while TCP's windows grow, and one 1 GiB object from nginx on loopback,
-            // judged from its second chunk, was found slow (493 MB/s at 4.3 ms) in 1 of 12
-            // runs, 2 of 5 in another set, and then took 1.7 x the CPU for less speed
-            // (bench/RESULTS.md, issue 17, thirty-first session). A store that is slow
-            // costs that once an object, where an object of more than one part takes at
-            // least 80 ms at 100 MB/s.
+            // 10 ms of the object's own time (its waits for the reader or its turn not
+            // counted) have passed since its first: a new connection's first milliseconds
+            // come slower while TCP's windows grow, and one 1 GiB object from nginx on
+            // loopback, judged from its second chunk on, was found slow in 3 of 12 runs
+            // (once seen at 4.3 ms, 493 MB/s), and then took 1.7 x the CPU for less speed
+            // (bench/RESULTS.md, issue 17, thirty-first session). A store that is slow has
+            // its parts opened up to 10 ms later, once an object (with 8 MiB first parts,
+            // which take 80 ms at 100 MB/s: the verdict comes within the first part).
             std::uint64_t first_chunk = 0;
             auto first_chunk_at = std::chrono::steady_clock::now();
             std::chrono::steady_clock::duration waited{};  // for the reader or the turn, since then
@@ -737,7 +738,7 @@ task<void> fetch_worker(stage_context<shard, chunk>& ctx, fetch_run& run, fetch_
                 if (slow || arrived <= first_chunk) return slow;
                 const double s =
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - first_chunk_at - waited).count();
-                if (s < 0.010) return false;  // too soon to judge: see above
+                if (s < 0.010) return false;  // too soon to judge (above)
                 slow = static_cast<double>(arrived - first_chunk) < s * static_cast<double>(o.parallel_parts_below_bytes_per_s);
                 return slow;
             };
