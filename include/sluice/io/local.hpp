@@ -100,17 +100,19 @@ struct turn_gate {
     }
 };
 
-/// Files smaller than this are not mapped by_call: each keeps a descriptor open while
-/// its records are held (a shuffle of small files would hold thousands), and a small
-/// file's windows are few.
-inline constexpr std::uint64_t by_call_bytes = std::uint64_t{1} << 20;
+/// `file:///data/x.tar` is the path `/data/x.tar`.
+inline std::string local_path(const std::string& url) {
+    return url.compare(0, 7, "file://") == 0 ? url.substr(7) : url;
+}
 
 /// Sends the open file `fd` (named `path` in messages) as chunks of `chunk_size` bytes,
 /// named as `src` (the shard the bytes belong to: the file itself, or a cached copy of a
 /// remote object). `length`: bytes to send (a cached copy ends in a trailer), or all.
 /// `by_call`: which mapped files (by url and first bytes) the stages after read leave
-/// unread but for headers (detail::headers_only_after): those of by_call_bytes or more
-/// are mapped by_call, their windows not populated (file_mapping).
+/// unread but for headers (detail::headers_only_after): those are mapped by_call, their
+/// windows not populated (file_mapping; a shuffle of small files holds thousands, each
+/// kept open while the process has descriptors to spare, past that opened again by its
+/// path when batch reads it).
 template <class = void>  // a coroutine: compiled only where used (see make_stage)
 task<void> read_file(stage_context<shard, chunk>& ctx, std::shared_ptr<const shard> src, const std::string& path,
                             const fd_guard& fd, std::size_t chunk_size, bool map, turn_gate& gate,
@@ -119,19 +121,25 @@ task<void> read_file(stage_context<shard, chunk>& ctx, std::shared_ptr<const sha
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0) throw source_error(path, "cannot stat", errno_code());
     if (S_ISDIR(st.st_mode)) throw source_error(path, "cannot read", std::make_error_code(std::errc::is_a_directory));
-    ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
     if (S_ISREG(st.st_mode) && length != ~0ull) st.st_size = static_cast<off_t>(std::min<std::uint64_t>(length, st.st_size));
     std::shared_ptr<file_mapping> mapped;
     if (map && S_ISREG(st.st_mode) && st.st_size > 0 && static_cast<std::uint64_t>(st.st_size) >= map_from) {
         bool call = false;
-        if (by_call && static_cast<std::uint64_t>(st.st_size) >= by_call_bytes) {
+        if (by_call) {
             std::byte head[3] = {};
             const ssize_t k = ::pread(fd.get(), head, sizeof head, 0);
             call = k >= 0 && by_call(src->url, std::span<const std::byte>(head, static_cast<std::size_t>(k)));
         }
-        mapped = file_mapping::open(fd.get(), static_cast<std::size_t>(st.st_size), path, call);
-        if (mapped && mapped->by_call()) ctx.stats.counter("files_by_call").fetch_add(1, std::memory_order_relaxed);
+        mapped = file_mapping::open(fd.get(), static_cast<std::size_t>(st.st_size), path, call,
+                                    call ? local_path(path) : std::string());
+        if (mapped && mapped->by_call()) {
+            ctx.stats.counter("files_by_call").fetch_add(1, std::memory_order_relaxed);
+            // No descriptor to spare: opened again by its path when read (file_mapping).
+            if (mapped->fd() < 0) ctx.stats.counter("files_by_path").fetch_add(1, std::memory_order_relaxed);
+        }
     }
+    // Read ahead more (read ahead by call, below, asks for each window itself).
+    if (!mapped || !mapped->by_call()) ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
     if (mapped) {  // else (no mapping could be made) read as below
         const std::size_t size = mapped->size();
         for (std::size_t off = 0; off < size; off += chunk_size) {
@@ -142,13 +150,17 @@ task<void> read_file(stage_context<shard, chunk>& ctx, std::shared_ptr<const sha
             chunk c{src, off, bytes(std::make_shared<const buffer>(mapped, off, n), n), off + n == size, false};
             // By call: the window's bytes into the page cache, read ahead (a no-op where
             // they are there), and none mapped in; else its pages mapped in one call.
-            if (mapped->by_call()) ::posix_fadvise(fd.get(), static_cast<off_t>(off), static_cast<off_t>(n), POSIX_FADV_WILLNEED);
-            else mapped->populate(off, n);
             // A file that shrank is seen here before its lost pages reach a parser (where
-            // no page faults, within the last page, only this check sees it).
-            struct stat now {};
-            if (::fstat(fd.get(), &now) == 0 && S_ISREG(now.st_mode) && static_cast<std::uint64_t>(now.st_size) < size)
-                mapped->mark_lost(static_cast<std::uint64_t>(now.st_size));
+            // no page faults, within the last page, only this check sees it). By call,
+            // every read is a pread that comes back short instead.
+            if (mapped->by_call()) {
+                ::posix_fadvise(fd.get(), static_cast<off_t>(off), static_cast<off_t>(n), POSIX_FADV_WILLNEED);
+            } else {
+                mapped->populate(off, n);
+                struct stat now {};
+                if (::fstat(fd.get(), &now) == 0 && S_ISREG(now.st_mode) && static_cast<std::uint64_t>(now.st_size) < size)
+                    mapped->mark_lost(static_cast<std::uint64_t>(now.st_size));
+            }
             if (mapped->lost() != file_mapping::none_lost) throw_lost(path, mapped->lost());
             file_mapping::sweep_pending();  // what records let go of, out of the process
             co_await gate.wait();
@@ -210,10 +222,6 @@ inline void check_local(const std::string& url) {
                        fetched ? "use sluice::fetch(), not sluice::read() (which reads local files), for"
                                : "sluice::read() reads local files, not",
                        std::make_error_code(std::errc::protocol_not_supported));
-}
-/// `file:///data/x.tar` is the path `/data/x.tar`.
-inline std::string local_path(const std::string& url) {
-    return url.compare(0, 7, "file://") == 0 ? url.substr(7) : url;
 }
 
 /// read_options::chunk_size, 0 meaning the default.

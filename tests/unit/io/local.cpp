@@ -17,12 +17,14 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -617,6 +619,126 @@ TEST_CASE("a shard read by call that shrinks before batch reads its records is a
         REQUIRE(e.url() == a);
         REQUIRE(e.offset() >= cut);
         REQUIRE(e.offset() < tar.size());
+    }
+}
+
+namespace {
+/// Lowers the process's soft RLIMIT_NOFILE for a scope, so that file_mapping keeps
+/// descriptors for a quarter of it only (then opens files again by their paths).
+struct scoped_nofile {
+    rlimit was{};
+    explicit scoped_nofile(rlim_t soft) {
+        REQUIRE(::getrlimit(RLIMIT_NOFILE, &was) == 0);
+        rlimit now = was;
+        now.rlim_cur = std::min(soft, was.rlim_max);
+        REQUIRE(::setrlimit(RLIMIT_NOFILE, &now) == 0);
+    }
+    ~scoped_nofile() { ::setrlimit(RLIMIT_NOFILE, &was); }
+};
+/// `n` small files of 1-30 KB in `d`, each a different pattern.
+std::vector<std::string> small_files(const sluice_test::temp_dir& d, int n) {
+    std::vector<std::string> names;
+    for (int i = 0; i < n; ++i) {
+        names.push_back("small-" + std::to_string(i) + ".bin");
+        d.write(names.back(), patterned_bytes(7, i, 1'000 + 997 * i));
+    }
+    return names;
+}
+}  // namespace
+
+TEST_CASE("small files whose records reach batch untouched are read by call, by their paths past the descriptors "
+          "the process can spare, and a later chdir does not move them", "[local][by_call]") {
+    sluice_test::temp_dir d;
+    const auto names = small_files(d, 60);
+    std::multiset<std::string> want;
+    for (auto& n : names) want.insert(sluice_test::slurp_file(d / n));
+    std::vector<sluice::shard> shards;
+    for (auto& n : names) shards.push_back({n, 0, shards.size()});  // relative to d
+    const auto cwd = std::filesystem::current_path();
+    std::filesystem::current_path(d.path());
+    std::multiset<std::string> got;
+    std::uint64_t by_call = 0, by_path = 0;
+    try {
+        scoped_nofile limit(64);  // descriptors kept for 16 files at most
+        sluice::pipeline p(sluice::from(shards) | sluice::read() | sluice::raw() | sluice::shuffle({.buffer = 100, .seed = 2}) |
+                           sluice::batch({.size = 8}));
+        // The shuffle holds every record before the first batch: every file is mapped,
+        // and the records go to batch after the directory is no longer the current one.
+        auto first = p.next_blocking();
+        REQUIRE(first);
+        std::filesystem::current_path("/");
+        for (auto b = std::move(first); b; b = p.next_blocking())
+            for (std::size_t i = 0; i + 1 < b->offsets.size(); ++i)
+                got.insert(std::string(b->data.view().substr(b->offsets[i], b->offsets[i + 1] - b->offsets[i])));
+        by_call = read_stage_counter(p, "files_by_call");
+        by_path = read_stage_counter(p, "files_by_path");
+    } catch (...) {
+        std::filesystem::current_path(cwd);
+        throw;
+    }
+    std::filesystem::current_path(cwd);
+    REQUIRE(got == want);
+    REQUIRE(by_call == names.size());
+    REQUIRE(by_path >= names.size() - 16);
+    REQUIRE(by_path < names.size());
+    // With descriptors to spare, every file is kept open (none by its path).
+    rlimit r{};
+    REQUIRE(::getrlimit(RLIMIT_NOFILE, &r) == 0);
+    if (r.rlim_cur == RLIM_INFINITY || r.rlim_cur / 4 > 2 * names.size()) {
+        std::vector<sluice::shard> full;
+        for (auto& n : names) full.push_back({d / n, 0, full.size()});
+        sluice::pipeline p(sluice::from(full) | sluice::read() | sluice::raw() | sluice::shuffle({.buffer = 100, .seed = 2}) |
+                           sluice::batch({.size = 8}));
+        REQUIRE(batched_records(p) == want);
+        REQUIRE(read_stage_counter(p, "files_by_call") == names.size());
+        REQUIRE(read_stage_counter(p, "files_by_path") == 0u);
+    }
+}
+
+TEST_CASE("a small file read by its path that is replaced, modified or removed before batch reads it is an error "
+          "naming it", "[local][by_call]") {
+    enum class what { replaced, touched, removed };
+    for (auto how : {what::replaced, what::touched, what::removed}) {
+        INFO("case " << int(how));
+        sluice_test::temp_dir d;
+        const auto names = small_files(d, 60);
+        std::vector<sluice::shard> shards;
+        for (auto& n : names) shards.push_back({d / n, 0, shards.size()});
+        scoped_nofile limit(64);
+        sluice::pipeline p(sluice::from(shards) | sluice::read() | sluice::raw() | sluice::shuffle({.buffer = 100, .seed = 3}) |
+                           sluice::batch({.size = 4}));
+        auto first = p.next_blocking();
+        REQUIRE(first);
+        REQUIRE(read_stage_counter(p, "files_by_path") >= 44u);
+        // The last 40 files were mapped past the 16 descriptors: each is read by its path.
+        std::set<std::string> changed;
+        for (std::size_t i = 20; i < names.size(); ++i) {
+            const auto f = d / names[i];
+            changed.insert(f);
+            if (how == what::replaced) {
+                d.write(names[i] + ".new", patterned_bytes(8, int(i), 5'000));
+                REQUIRE(::rename((f + ".new").c_str(), f.c_str()) == 0);
+            } else if (how == what::touched) {  // the same bytes, a new modification time
+                const timespec times[2] = {{0, UTIME_OMIT}, {1'000'000'000, 0}};
+                REQUIRE(::utimensat(AT_FDCWD, f.c_str(), times, 0) == 0);
+            } else {
+                REQUIRE(::unlink(f.c_str()) == 0);
+            }
+        }
+        try {
+            while (auto b = p.next_blocking()) {
+            }
+            FAIL("the pipeline ended without an error after its files changed");
+        } catch (const sluice::source_error& e) {
+            INFO(e.what());
+            REQUIRE(changed.count(e.url()) == 1);
+            REQUIRE(e.offset() == 0u);
+            const std::string msg = e.what();
+            if (how == what::removed)
+                REQUIRE(msg.find("cannot read") != std::string::npos);
+            else
+                REQUIRE(msg.find("was replaced or modified after read() opened it") != std::string::npos);
+        }
     }
 }
 

@@ -16,10 +16,11 @@
 //   zeros. Bytes a user's own function read before such a check are zeros, not garbage:
 //   sluice reports the loss at the next check (bench/RESULTS.md, issue 17; README).
 //
-// A mapping opened `by_call` also keeps the file open: its pages are meant never to be
-// touched through the mapping (the reader does not populate them). The parsers read
-// their headers, and batch's collation the records, with pread (read_at), a copy from
-// the page cache that maps no page into the process. Where a VM makes each page mapped
+// A mapping opened `by_call` also keeps the file open, or, past the descriptors the
+// process can spare, its path and identity: its pages are meant never to be touched
+// through the mapping (the reader does not populate them). The parsers read their
+// headers, and batch's collation the records, with pread (read_at), a copy from the
+// page cache that maps no page into the process. Where a VM makes each page mapped
 // into a process dear (a fault about 20 us, a populated page 1.7-2.4 us: bench/RESULTS.md,
 // issue 17, "Shards read by call"), that took a shuffle of tar shards from 1.04 s to
 // 0.34 s (`cat`: 0.22-0.33 s). Bytes read through the mapping all the same still work
@@ -30,6 +31,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -135,10 +137,14 @@ public:
 
     /// Maps `size` bytes of the open file `fd` (named `path`), or returns null when it
     /// cannot (mmap failed, no registry slot, no SIGBUS handler): the caller reads instead.
-    /// `by_call`: also keep the file open for read_at (see above), where the process has
-    /// descriptors to spare (a quarter of its limit, at most 4,096, are kept at once);
-    /// by_call() says whether it was.
-    static std::shared_ptr<file_mapping> open(int fd, std::size_t size, std::string path, bool by_call = false) {
+    /// `by_call`: read it with read_at (see above): the file kept open where the process
+    /// has descriptors to spare (a quarter of its RLIMIT_NOFILE as it is now, at most
+    /// 4,096, are kept at once), else opened again at each read_at by `reopen` (its path
+    /// in the file system; empty: not by call past the descriptors), which must then name
+    /// the same file, unmodified (else read_at's bytes count as lost and changed() says
+    /// why). by_call() says whether it is read by call.
+    static std::shared_ptr<file_mapping> open(int fd, std::size_t size, std::string path, bool by_call = false,
+                                              std::string reopen = {}) {
         if (size == 0 || !install_sigbus_handler()) return nullptr;
         auto& reg = mapping_registry::get();
         // Not populated here: each window is, when read sends it (populate), so a file of
@@ -153,6 +159,19 @@ public:
         } else if (by_call) {
             kept_fds().fetch_sub(1, std::memory_order_relaxed);
         }
+        if (by_call && m->fd_ < 0 && !reopen.empty()) {
+            struct stat st {};
+            if (::fstat(fd, &st) == 0) {
+                if (reopen.front() != '/') {  // a later chdir must not move it
+                    char cwd[4096];
+                    if (::getcwd(cwd, sizeof cwd)) reopen = std::string(cwd) + "/" + reopen;
+                }
+                m->reopen_ = std::move(reopen);
+                m->dev_ = st.st_dev;
+                m->ino_ = st.st_ino;
+                m->mtime_ = st.st_mtim;
+            }
+        }
         const std::size_t start = reg.hint.fetch_add(1, std::memory_order_relaxed);
         for (std::size_t i = 0; i < mapping_registry::slots; ++i) {
             auto& s = reg.slot[(start + i) % mapping_registry::slots];
@@ -164,7 +183,7 @@ public:
             s.end.store(reinterpret_cast<std::uintptr_t>(p) + size, std::memory_order_release);
             s.begin.store(reinterpret_cast<std::uintptr_t>(p), std::memory_order_release);
             m->slot_ = &s;
-            ::madvise(p, size, MADV_SEQUENTIAL);
+            if (!m->by_call()) ::madvise(p, size, MADV_SEQUENTIAL);  // by call: no page is touched
             return m;
         }
         return nullptr;  // unmapped by the destructor
@@ -210,21 +229,49 @@ public:
         ::madvise(base_ + from, off + n - from, MADV_POPULATE_READ);
     }
 
-    /// Whether the file is kept open for read_at, and the mapping's pages left untouched.
-    bool by_call() const noexcept { return fd_ >= 0; }
-    /// The file kept open for read_at (by_call() only; -1 otherwise).
+    /// Whether the file is read with read_at (kept open, or opened again by its path),
+    /// and the mapping's pages left untouched.
+    bool by_call() const noexcept { return fd_ >= 0 || !reopen_.empty(); }
+    /// The file kept open for read_at (-1 where it is not: not by call, or by its path).
     int fd() const noexcept { return fd_; }
-    /// The error of read_at's first failed pread (0: none; bytes lost by a read that came
-    /// back short were lost to a file that shrank).
+    /// The error of read_at's first failed open or pread (0: none; bytes lost by a read
+    /// that came back short were lost to a file that shrank).
     int read_error() const noexcept { return read_errno_.load(std::memory_order_acquire); }
+    /// Whether read_at, opening the file again by its path, found another file there, or
+    /// the same one modified since it was mapped: its bytes from lost() on were not read.
+    bool changed() const noexcept { return changed_.load(std::memory_order_acquire); }
     /// Copies the file's bytes [off, off + n) to `d` with pread (by_call() only). Bytes
-    /// the file no longer has (it shrank, or a read failed: read_error()) are zeros and
-    /// marked lost from there, as a fault in the mapping would: the same checks then
-    /// report them (throw_lost).
+    /// the file no longer has (it shrank, or a read failed: read_error(), or it changed:
+    /// changed()) are zeros and marked lost from there, as a fault in the mapping would:
+    /// the same checks then report them (throw_lost).
     void read_at(std::byte* d, std::size_t off, std::size_t n) const noexcept {
+        int fd = fd_;
+        if (fd < 0 && n > 0) {  // by its path: ~5 us a call more, where no descriptor could be kept
+            fd = ::open(reopen_.c_str(), O_RDONLY | O_CLOEXEC);
+            struct stat st {};
+            if (fd < 0 || ::fstat(fd, &st) != 0) {
+                int none = 0;
+                read_errno_.compare_exchange_strong(none, errno);
+            } else if (st.st_dev != dev_ || st.st_ino != ino_ || st.st_mtim.tv_sec != mtime_.tv_sec ||
+                       st.st_mtim.tv_nsec != mtime_.tv_nsec) {
+                changed_.store(true, std::memory_order_release);
+                ::close(std::exchange(fd, -1));
+            }
+            if (fd < 0) {
+                std::memset(d, 0, n);
+                mark_lost(off);
+                return;
+            }
+        }
+        read_from(fd, d, off, n);
+        if (fd != fd_) ::close(fd);
+    }
+
+private:
+    void read_from(int fd, std::byte* d, std::size_t off, std::size_t n) const noexcept {
         std::size_t got = 0;
         while (got < n && off + got < size_) {
-            const ssize_t k = ::pread(fd_, d + got, std::min(n - got, size_ - off - got), static_cast<off_t>(off + got));
+            const ssize_t k = ::pread(fd, d + got, std::min(n - got, size_ - off - got), static_cast<off_t>(off + got));
             if (k < 0 && errno == EINTR) continue;
             if (k < 0) {
                 int none = 0;
@@ -239,6 +286,7 @@ public:
         }
     }
 
+public:
     void pin(std::size_t off, std::size_t n) noexcept {
         if (n == 0) return;
         for (std::size_t b = off / block_bytes(), e = (off + n - 1) / block_bytes(); b <= e; ++b)
@@ -303,15 +351,13 @@ private:
         static std::atomic<std::size_t> n{0};
         return n;
     }
+    /// Read at each file mapped by call (one system call), so a limit raised or lowered
+    /// while the process runs counts from its next file on.
     static std::size_t fd_cap() {
-        static const std::size_t cap = [] {
-            rlimit r{};
-            // Read once, at the first file mapped by call: a limit raised later keeps this cap.
-            if (::getrlimit(RLIMIT_NOFILE, &r) != 0) return std::size_t{256};
-            if (r.rlim_cur == RLIM_INFINITY) return std::size_t{4096};
-            return std::min<std::size_t>(4096, static_cast<std::size_t>(r.rlim_cur) / 4);
-        }();
-        return cap;
+        rlimit r{};
+        if (::getrlimit(RLIMIT_NOFILE, &r) != 0) return std::size_t{256};
+        if (r.rlim_cur == RLIM_INFINITY) return std::size_t{4096};
+        return std::min<std::size_t>(4096, static_cast<std::size_t>(r.rlim_cur) / 4);
     }
     struct sweep_queue {
         std::mutex m;
@@ -397,6 +443,13 @@ private:
     mutable std::atomic<int> read_errno_{0};
     mapping_slot* slot_ = nullptr;
     int fd_ = -1;  // by_call: the file, kept open
+    // By call past the descriptors: the file's path, opened at each read_at, and what
+    // it must still be then (device, inode, modification time).
+    std::string reopen_;
+    dev_t dev_ = 0;
+    ino_t ino_ = 0;
+    timespec mtime_{};
+    mutable std::atomic<bool> changed_{false};
 };
 
 /// Bytes of the mapped file `path` from `offset` on were lost while sluice read them (it
@@ -411,6 +464,12 @@ private:
 /// The same for the mapping `f`, whose mark says from where: where a by-call read failed
 /// (file_mapping::read_error), the error names that failure instead of a shrunk file.
 [[noreturn]] inline void throw_lost(const file_mapping& f, const std::string& record = {}) {
+    if (f.changed())
+        throw source_error(f.path(),
+                           "the file was replaced or modified after read() opened it, so its bytes from this offset on "
+                           "were not read" +
+                               (record.empty() ? std::string() : " (record " + record + ")") + ":",
+                           std::make_error_code(std::errc::io_error), f.lost());
     if (const int e = f.read_error())
         throw source_error(f.path(), "cannot read" + (record.empty() ? std::string() : " (record " + record + ")") + ":",
                            std::error_code(e, std::generic_category()), f.lost());

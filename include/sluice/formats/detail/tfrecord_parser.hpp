@@ -40,7 +40,7 @@ struct tfrecord_parser : parser_base {
         if (!pol->index || !pol->verify || !pol->defer_data_crc || inflated || cur.offset() != 0 || !f || !f->by_call())
             return;
         key = record_index::key_of(f->path(), f->fd());
-        if (!key) return;
+        if (!key) return;  // also a file read by its path (no descriptor kept): not kept
         known = pol->index->find(*key);
         room = known ? 0 : pol->index->room(key->path);
         if (!known && room == 0) key.reset();  // nothing more can be kept
