@@ -138,8 +138,9 @@ task<void> read_file(stage_context<shard, chunk>& ctx, std::shared_ptr<const sha
             if (mapped->fd() < 0) ctx.stats.counter("files_by_path").fetch_add(1, std::memory_order_relaxed);
         }
     }
-    // Read ahead more (read ahead by call, below, asks for each window itself).
-    if (!mapped || !mapped->by_call()) ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+    // Read ahead more; not for a file read by call in one window, whose window asks for
+    // itself (below).
+    if (!mapped || !mapped->by_call() || mapped->size() > chunk_size) ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
     if (mapped) {  // else (no mapping could be made) read as below
         const std::size_t size = mapped->size();
         for (std::size_t off = 0; off < size; off += chunk_size) {
@@ -161,7 +162,7 @@ task<void> read_file(stage_context<shard, chunk>& ctx, std::shared_ptr<const sha
                 if (::fstat(fd.get(), &now) == 0 && S_ISREG(now.st_mode) && static_cast<std::uint64_t>(now.st_size) < size)
                     mapped->mark_lost(static_cast<std::uint64_t>(now.st_size));
             }
-            if (mapped->lost() != file_mapping::none_lost) throw_lost(path, mapped->lost());
+            if (mapped->lost() != file_mapping::none_lost) throw_lost(*mapped);
             file_mapping::sweep_pending();  // what records let go of, out of the process
             co_await gate.wait();
             co_await ctx.out.send(std::move(c));

@@ -17,8 +17,10 @@
 //   sluice reports the loss at the next check (bench/RESULTS.md, issue 17; README).
 //
 // A mapping opened `by_call` also keeps the file open, or, past the descriptors the
-// process can spare, its path and identity: its pages are meant never to be touched
-// through the mapping (the reader does not populate them). The parsers read their
+// process can spare, its path (opened again to read, where it still leads to the same
+// file; else the bytes are read through the mapping, which holds the file as a
+// descriptor would): its pages are meant never to be touched through the mapping (the
+// reader does not populate them). The parsers read their
 // headers, and batch's collation the records, with pread (read_at), a copy from the
 // page cache that maps no page into the process. Where a VM makes each page mapped
 // into a process dear (a fault about 20 us, a populated page 1.7-2.4 us: bench/RESULTS.md,
@@ -140,9 +142,8 @@ public:
     /// `by_call`: read it with read_at (see above): the file kept open where the process
     /// has descriptors to spare (a quarter of its RLIMIT_NOFILE as it is now, at most
     /// 4,096, are kept at once), else opened again at each read_at by `reopen` (its path
-    /// in the file system; empty: not by call past the descriptors), which must then name
-    /// the same file, unmodified (else read_at's bytes count as lost and changed() says
-    /// why). by_call() says whether it is read by call.
+    /// in the file system; empty: not by call past the descriptors). by_call() says
+    /// whether it is read by call.
     static std::shared_ptr<file_mapping> open(int fd, std::size_t size, std::string path, bool by_call = false,
                                               std::string reopen = {}) {
         if (size == 0 || !install_sigbus_handler()) return nullptr;
@@ -161,15 +162,16 @@ public:
         }
         if (by_call && m->fd_ < 0 && !reopen.empty()) {
             struct stat st {};
-            if (::fstat(fd, &st) == 0) {
-                if (reopen.front() != '/') {  // a later chdir must not move it
-                    char cwd[4096];
-                    if (::getcwd(cwd, sizeof cwd)) reopen = std::string(cwd) + "/" + reopen;
-                }
+            bool absolute = reopen.front() == '/';
+            if (!absolute) {  // a later chdir must not move it
+                char cwd[4096];
+                absolute = ::getcwd(cwd, sizeof cwd) != nullptr;
+                if (absolute) reopen = std::string(cwd) + "/" + reopen;
+            }
+            if (absolute && ::fstat(fd, &st) == 0) {  // else not by call: populated as read sends it
                 m->reopen_ = std::move(reopen);
                 m->dev_ = st.st_dev;
                 m->ino_ = st.st_ino;
-                m->mtime_ = st.st_mtim;
             }
         }
         const std::size_t start = reg.hint.fetch_add(1, std::memory_order_relaxed);
@@ -234,37 +236,36 @@ public:
     bool by_call() const noexcept { return fd_ >= 0 || !reopen_.empty(); }
     /// The file kept open for read_at (-1 where it is not: not by call, or by its path).
     int fd() const noexcept { return fd_; }
-    /// The error of read_at's first failed open or pread (0: none; bytes lost by a read
-    /// that came back short were lost to a file that shrank).
+    /// The error of read_at's first failed pread (0: none; bytes lost by a read that came
+    /// back short were lost to a file that shrank).
     int read_error() const noexcept { return read_errno_.load(std::memory_order_acquire); }
-    /// Whether read_at, opening the file again by its path, found another file there, or
-    /// the same one modified since it was mapped: its bytes from lost() on were not read.
-    bool changed() const noexcept { return changed_.load(std::memory_order_acquire); }
     /// Copies the file's bytes [off, off + n) to `d` with pread (by_call() only). Bytes
-    /// the file no longer has (it shrank, or a read failed: read_error(), or it changed:
-    /// changed()) are zeros and marked lost from there, as a fault in the mapping would:
-    /// the same checks then report them (throw_lost).
+    /// the file no longer has (it shrank, or a read failed: read_error()) are zeros and
+    /// marked lost from there, as a fault in the mapping would: the same checks then
+    /// report them (throw_lost).
+    ///
+    /// By its path, it reads what a descriptor kept open would: the path opened again
+    /// (about 5 us a call more; non-blocking, so a FIFO put there cannot hold the caller)
+    /// where it still leads to the same file (device and inode: a file written in place
+    /// reads as written, as through a kept descriptor); where it does not (the file was
+    /// replaced or removed, or cannot be opened now: no descriptor left), the bytes are
+    /// copied through the mapping, which still holds the file the reader opened, its pages
+    /// then mapped in (a shrink there faults, and is marked lost, as for any mapping).
     void read_at(std::byte* d, std::size_t off, std::size_t n) const noexcept {
-        int fd = fd_;
-        if (fd < 0 && n > 0) {  // by its path: ~5 us a call more, where no descriptor could be kept
-            fd = ::open(reopen_.c_str(), O_RDONLY | O_CLOEXEC);
-            struct stat st {};
-            if (fd < 0 || ::fstat(fd, &st) != 0) {
-                int none = 0;
-                read_errno_.compare_exchange_strong(none, errno);
-            } else if (st.st_dev != dev_ || st.st_ino != ino_ || st.st_mtim.tv_sec != mtime_.tv_sec ||
-                       st.st_mtim.tv_nsec != mtime_.tv_nsec) {
-                changed_.store(true, std::memory_order_release);
-                ::close(std::exchange(fd, -1));
-            }
-            if (fd < 0) {
-                std::memset(d, 0, n);
-                mark_lost(off);
-                return;
+        if (fd_ >= 0 || n == 0) return read_from(fd_, d, off, n);
+        const int fd = ::open(reopen_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+        struct stat st {};
+        if (fd >= 0 && ::fstat(fd, &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_) {
+            read_from(fd, d, off, n);
+        } else {
+            const std::size_t k = off < size_ ? std::min(n, size_ - off) : 0;
+            if (k) std::memcpy(d, base_ + off, k);  // SIGBUS past a new end: zeros, marked (on_sigbus)
+            if (k < n) {
+                std::memset(d + k, 0, n - k);
+                mark_lost(off + k);
             }
         }
-        read_from(fd, d, off, n);
-        if (fd != fd_) ::close(fd);
+        if (fd >= 0) ::close(fd);
     }
 
 private:
@@ -443,13 +444,11 @@ private:
     mutable std::atomic<int> read_errno_{0};
     mapping_slot* slot_ = nullptr;
     int fd_ = -1;  // by_call: the file, kept open
-    // By call past the descriptors: the file's path, opened at each read_at, and what
-    // it must still be then (device, inode, modification time).
+    // By call past the descriptors: the file's path, opened at each read_at, and which
+    // file it must still lead to (device, inode).
     std::string reopen_;
     dev_t dev_ = 0;
     ino_t ino_ = 0;
-    timespec mtime_{};
-    mutable std::atomic<bool> changed_{false};
 };
 
 /// Bytes of the mapped file `path` from `offset` on were lost while sluice read them (it
@@ -464,12 +463,6 @@ private:
 /// The same for the mapping `f`, whose mark says from where: where a by-call read failed
 /// (file_mapping::read_error), the error names that failure instead of a shrunk file.
 [[noreturn]] inline void throw_lost(const file_mapping& f, const std::string& record = {}) {
-    if (f.changed())
-        throw source_error(f.path(),
-                           "the file was replaced or modified after read() opened it, so its bytes from this offset on "
-                           "were not read" +
-                               (record.empty() ? std::string() : " (record " + record + ")") + ":",
-                           std::make_error_code(std::errc::io_error), f.lost());
     if (const int e = f.read_error())
         throw source_error(f.path(), "cannot read" + (record.empty() ? std::string() : " (record " + record + ")") + ":",
                            std::error_code(e, std::generic_category()), f.lost());
