@@ -131,7 +131,7 @@ task<void> read_file(stage_context<shard, chunk>& ctx, std::shared_ptr<const sha
             call = k >= 0 && by_call(src->url, std::span<const std::byte>(head, static_cast<std::size_t>(k)));
         }
         mapped = file_mapping::open(fd.get(), static_cast<std::size_t>(st.st_size), path, call,
-                                    call ? local_path(path) : std::string());
+                                    call ? file_reopen{local_path(path), st.st_dev, st.st_ino} : file_reopen{});
         if (mapped && mapped->by_call()) {
             ctx.stats.counter("files_by_call").fetch_add(1, std::memory_order_relaxed);
             // No descriptor to spare: opened again by its path when read (file_mapping).

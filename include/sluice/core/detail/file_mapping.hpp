@@ -20,9 +20,9 @@
 // process can spare, its path (opened again to read, where it still leads to the same
 // file; else the bytes are read through the mapping, which holds the file as a
 // descriptor would): its pages are meant never to be touched through the mapping (the
-// reader does not populate them). The parsers read their
-// headers, and batch's collation the records, with pread (read_at), a copy from the
-// page cache that maps no page into the process. Where a VM makes each page mapped
+// reader does not populate them). The parsers read their headers, and batch's
+// collation the records, with pread (read_at), a copy from the page cache that maps no
+// page into the process. Where a VM makes each page mapped
 // into a process dear (a fault about 20 us, a populated page 1.7-2.4 us: bench/RESULTS.md,
 // issue 17, "Shards read by call"), that took a shuffle of tar shards from 1.04 s to
 // 0.34 s (`cat`: 0.22-0.33 s). Bytes read through the mapping all the same still work
@@ -127,6 +127,15 @@ inline bool install_sigbus_handler() {
     return ok;
 }
 
+/// Where a file read by call is opened again past the spare descriptors: its path in the
+/// file system, and the file (device, inode: the caller's fstat of it) that path must
+/// still lead to (file_mapping::open).
+struct file_reopen {
+    std::string path;
+    dev_t dev = 0;
+    ino_t ino = 0;
+};
+
 class file_mapping {
 public:
     /// Bytes per pinned block (16 KiB, or the page size where pages are larger): a record
@@ -141,11 +150,11 @@ public:
     /// cannot (mmap failed, no registry slot, no SIGBUS handler): the caller reads instead.
     /// `by_call`: read it with read_at (see above): the file kept open where the process
     /// has descriptors to spare (a quarter of its RLIMIT_NOFILE as it is now, at most
-    /// 4,096, are kept at once), else opened again at each read_at by `reopen` (its path
-    /// in the file system; empty: not by call past the descriptors). by_call() says
-    /// whether it is read by call.
+    /// 4,096, are kept at once), else opened again at each read_at as `again` says (an
+    /// empty path: not by call past the descriptors). by_call() says whether it is read
+    /// by call.
     static std::shared_ptr<file_mapping> open(int fd, std::size_t size, std::string path, bool by_call = false,
-                                              std::string reopen = {}) {
+                                              file_reopen again = {}) {
         if (size == 0 || !install_sigbus_handler()) return nullptr;
         auto& reg = mapping_registry::get();
         // Not populated here: each window is, when read sends it (populate), so a file of
@@ -160,19 +169,14 @@ public:
         } else if (by_call) {
             kept_fds().fetch_sub(1, std::memory_order_relaxed);
         }
-        if (by_call && m->fd_ < 0 && !reopen.empty()) {
-            struct stat st {};
-            bool absolute = reopen.front() == '/';
+        if (by_call && m->fd_ < 0 && !again.path.empty()) {
+            bool absolute = again.path.front() == '/';
             if (!absolute) {  // a later chdir must not move it
                 char cwd[4096];
                 absolute = ::getcwd(cwd, sizeof cwd) != nullptr;
-                if (absolute) reopen = std::string(cwd) + "/" + reopen;
+                if (absolute) again.path = std::string(cwd) + "/" + again.path;
             }
-            if (absolute && ::fstat(fd, &st) == 0) {  // else not by call: populated as read sends it
-                m->reopen_ = std::move(reopen);
-                m->dev_ = st.st_dev;
-                m->ino_ = st.st_ino;
-            }
+            if (absolute) m->again_ = std::move(again);  // else not by call: populated as read sends it
         }
         const std::size_t start = reg.hint.fetch_add(1, std::memory_order_relaxed);
         for (std::size_t i = 0; i < mapping_registry::slots; ++i) {
@@ -233,7 +237,7 @@ public:
 
     /// Whether the file is read with read_at (kept open, or opened again by its path),
     /// and the mapping's pages left untouched.
-    bool by_call() const noexcept { return fd_ >= 0 || !reopen_.empty(); }
+    bool by_call() const noexcept { return fd_ >= 0 || !again_.path.empty(); }
     /// The file kept open for read_at (-1 where it is not: not by call, or by its path).
     int fd() const noexcept { return fd_; }
     /// The error of read_at's first failed pread (0: none; bytes lost by a read that came
@@ -253,9 +257,9 @@ public:
     /// then mapped in (a shrink there faults, and is marked lost, as for any mapping).
     void read_at(std::byte* d, std::size_t off, std::size_t n) const noexcept {
         if (fd_ >= 0 || n == 0) return read_from(fd_, d, off, n);
-        const int fd = ::open(reopen_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+        const int fd = ::open(again_.path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
         struct stat st {};
-        if (fd >= 0 && ::fstat(fd, &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_) {
+        if (fd >= 0 && ::fstat(fd, &st) == 0 && st.st_dev == again_.dev && st.st_ino == again_.ino) {
             read_from(fd, d, off, n);
         } else {
             const std::size_t k = off < size_ ? std::min(n, size_ - off) : 0;
@@ -268,26 +272,6 @@ public:
         if (fd >= 0) ::close(fd);
     }
 
-private:
-    void read_from(int fd, std::byte* d, std::size_t off, std::size_t n) const noexcept {
-        std::size_t got = 0;
-        while (got < n && off + got < size_) {
-            const ssize_t k = ::pread(fd, d + got, std::min(n - got, size_ - off - got), static_cast<off_t>(off + got));
-            if (k < 0 && errno == EINTR) continue;
-            if (k < 0) {
-                int none = 0;
-                read_errno_.compare_exchange_strong(none, errno);
-            }
-            if (k <= 0) break;
-            got += static_cast<std::size_t>(k);
-        }
-        if (got < n) {
-            std::memset(d + got, 0, n - got);
-            mark_lost(off + got);
-        }
-    }
-
-public:
     void pin(std::size_t off, std::size_t n) noexcept {
         if (n == 0) return;
         for (std::size_t b = off / block_bytes(), e = (off + n - 1) / block_bytes(); b <= e; ++b)
@@ -348,6 +332,23 @@ public:
     static constexpr std::size_t sweep_bytes = 4u << 20;
 
 private:
+    void read_from(int fd, std::byte* d, std::size_t off, std::size_t n) const noexcept {
+        std::size_t got = 0;
+        while (got < n && off + got < size_) {
+            const ssize_t k = ::pread(fd, d + got, std::min(n - got, size_ - off - got), static_cast<off_t>(off + got));
+            if (k < 0 && errno == EINTR) continue;
+            if (k < 0) {
+                int none = 0;
+                read_errno_.compare_exchange_strong(none, errno);
+            }
+            if (k <= 0) break;
+            got += static_cast<std::size_t>(k);
+        }
+        if (got < n) {
+            std::memset(d + got, 0, n - got);
+            mark_lost(off + got);
+        }
+    }
     static std::atomic<std::size_t>& kept_fds() {
         static std::atomic<std::size_t> n{0};
         return n;
@@ -444,11 +445,7 @@ private:
     mutable std::atomic<int> read_errno_{0};
     mapping_slot* slot_ = nullptr;
     int fd_ = -1;  // by_call: the file, kept open
-    // By call past the descriptors: the file's path, opened at each read_at, and which
-    // file it must still lead to (device, inode).
-    std::string reopen_;
-    dev_t dev_ = 0;
-    ino_t ino_ = 0;
+    file_reopen again_;  // by call past the descriptors: opened again at each read_at
 };
 
 /// Bytes of the mapped file `path` from `offset` on were lost while sluice read them (it
